@@ -1,0 +1,8 @@
+"""gbroker: a batch job broker in front of Slurm partitions.
+
+Places GPU jobs on spot or on-demand capacity, checkpoints and resumes them
+when spot nodes are reclaimed, releases idle nodes, and keeps an exact money
+ledger per group, user and semester.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,47 @@
+"""Exact money: integer micro-units of the currency (1 USD = 1_000_000).
+
+Never float. Prices are micro-units per GPU-hour; durations are whole seconds.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+
+MICROS_PER_UNIT = 1_000_000
+SECONDS_PER_HOUR = 3600
+
+
+def parse_money(text: str | int | Decimal) -> int:
+    """'12000', '412.30', '$1,200.50' -> micro-units. Raises ValueError."""
+    if isinstance(text, int):
+        return text * MICROS_PER_UNIT
+    s = str(text).strip().replace("$", "").replace(",", "").replace("_", "")
+    try:
+        d = Decimal(s)
+    except Exception as exc:  # decimal.InvalidOperation
+        raise ValueError(f"not an amount of money: {text!r}") from exc
+    if not d.is_finite():
+        raise ValueError(f"not an amount of money: {text!r}")
+    micros = (d * MICROS_PER_UNIT).quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
+    if micros != d * MICROS_PER_UNIT:
+        raise ValueError(f"more than 6 decimal places: {text!r}")
+    return int(micros)
+
+
+def cost_micros(price_micros_per_hour: int, seconds: int, units: int = 1) -> int:
+    """Cost of `units` (GPUs or nodes) for `seconds` at a per-hour price.
+
+    Rounded half-even to the micro-unit once, at the end.
+    """
+    num = price_micros_per_hour * seconds * units
+    q, r = divmod(num, SECONDS_PER_HOUR)
+    if 2 * r > SECONDS_PER_HOUR or (2 * r == SECONDS_PER_HOUR and q % 2 == 1):
+        q += 1
+    return q
+
+
+def format_money(micros: int, currency: str = "$") -> str:
+    """1234567890 -> '$1,234.57' (rounded to cents for display only)."""
+    sign = "-" if micros < 0 else ""
+    cents = (abs(micros) + 5_000) // 10_000
+    return f"{sign}{currency}{cents // 100:,}.{cents % 100:02d}"

@@ -1,0 +1,100 @@
+"""Job and attempt states, the allowed transitions, and which are terminal.
+
+This is the only place state names are spelled. Slurm's own state strings are
+mapped onto these in ``broker.slurm.statemap``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    """State of a gbroker job (one job may run as several Slurm attempts)."""
+
+    ADMITTED = "admitted"
+    """Accepted and stored; no Slurm job yet (intent recorded, sbatch not confirmed)."""
+    PENDING = "pending"
+    """A Slurm job exists and waits for nodes."""
+    RUNNING = "running"
+    """The current attempt runs."""
+    RECOVERING = "recovering"
+    """The last attempt was reclaimed or preempted; the next one is being placed."""
+    HELD = "held"
+    """Held in Slurm by gbroker (budget stop) or by an admin."""
+    UNKNOWN = "unknown"
+    """Slurm did not answer, or said something we do not understand. Never a failure."""
+    COMPLETED = "completed"
+    """The program exited 0."""
+    FAILED = "failed"
+    """The program failed for its own reasons more often than the retry limit allows."""
+    CANCELLED = "cancelled"
+    """Cancelled by its owner or an admin."""
+    TIMEOUT = "timeout"
+    """Ran out of its time limit."""
+    DEADLINE_MISSED = "deadline_missed"
+    """Gave up: the deadline can no longer be met."""
+
+
+TERMINAL: frozenset[JobState] = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.DEADLINE_MISSED}
+)
+ACTIVE: frozenset[JobState] = frozenset(JobState) - TERMINAL
+
+
+class AttemptState(str, Enum):
+    """State of one Slurm run of a job."""
+
+    SUBMITTING = "submitting"
+    """Intent stored; sbatch not yet confirmed."""
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RECLAIMED = "reclaimed"
+    """The node was taken back (NODE_FAIL on spot, or a cloud reclaim)."""
+    PREEMPTED = "preempted"
+    """Slurm preempted it for a higher-priority partition (requeue)."""
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+
+ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
+    {
+        AttemptState.COMPLETED,
+        AttemptState.FAILED,
+        AttemptState.RECLAIMED,
+        AttemptState.PREEMPTED,
+        AttemptState.CANCELLED,
+        AttemptState.TIMEOUT,
+    }
+)
+
+_J = JobState
+ALLOWED: dict[JobState, frozenset[JobState]] = {
+    _J.ADMITTED: frozenset({_J.PENDING, _J.RUNNING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED}),
+    _J.PENDING: frozenset({_J.RUNNING, _J.HELD, _J.CANCELLED, _J.UNKNOWN, _J.RECOVERING} | TERMINAL),
+    _J.RUNNING: frozenset({_J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
+    _J.RECOVERING: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN, _J.HELD} | TERMINAL),
+    _J.HELD: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN} | TERMINAL),
+    _J.UNKNOWN: frozenset(ACTIVE | TERMINAL),
+}
+for _t in TERMINAL:
+    ALLOWED[_t] = frozenset()
+
+
+def can_move(src: JobState, dst: JobState) -> bool:
+    return src == dst or dst in ALLOWED[src]
+
+
+class NodeState(str, Enum):
+    """Power and use state of a node, as gbroker sees it."""
+
+    POWERED_DOWN = "powered_down"
+    POWERING_UP = "powering_up"
+    IDLE = "idle"
+    ALLOCATED = "allocated"
+    POWERING_DOWN = "powering_down"
+    DOWN = "down"
+    UNKNOWN = "unknown"

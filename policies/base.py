@@ -1,0 +1,166 @@
+"""The placement policy contract.
+
+A policy is a pure object: its methods read nothing but their arguments (no
+database, no Slurm, no wall clock). The daemon and the simulator call the
+very same objects, so a result in the simulator is a result in production.
+
+Units: time in whole seconds, money in integer micro-units per GPU-hour.
+
+    place(job, market)              -> Placement   at submit, at every resume,
+                                                   and (simulator) every step
+    on_preempt(job, history, market) -> Decision   after a reclaim/preemption
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar, Sequence
+
+
+class Capacity(str, Enum):
+    """Where a job (attempt) runs."""
+
+    SPOT = "spot"
+    """Cheap, can be reclaimed at any moment."""
+    ONDEMAND = "ondemand"
+    """Full price, never reclaimed."""
+    NONE = "none"
+    """Not running: wait (the simulator idles; the daemon keeps the job pending)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a policy may know about one job."""
+
+    kind: str = "other"
+    nodes: int = 1
+    gpus_per_node: int = 1
+    interruptible: bool = True
+    checkpointable: bool = True
+    """False: work since the start of the attempt is lost on a reclaim."""
+    work_s: int = 3600
+    """Total work, in seconds of running (the time limit, or the user's estimate)."""
+    done_s: int = 0
+    """Work already done and safe (checkpointed)."""
+    elapsed_s: int = 0
+    """Seconds since submission."""
+    deadline_s: int | None = None
+    """Seconds from submission to the deadline; None = no deadline."""
+    changeover_s: int = 0
+    """Seconds lost each time the job starts on a new instance (boot, load checkpoint)."""
+    current: Capacity = Capacity.NONE
+    """What the job runs on right now."""
+    reclaims: int = 0
+    """How many of its attempts were reclaimed so far."""
+    budget_left_micros: int | None = None
+    """Money the job's group may still spend this semester (None = no budget)."""
+
+    @property
+    def work_left_s(self) -> int:
+        return max(0, self.work_s - self.done_s)
+
+    @property
+    def time_left_s(self) -> int | None:
+        return None if self.deadline_s is None else self.deadline_s - self.elapsed_s
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class MarketView:
+    """What a policy may know about capacity and prices right now."""
+
+    spot_available: int = 1
+    """Spot nodes (instances) that could be had now; 0 = none."""
+    spot_price_micros: int = 918_000
+    """Spot price per GPU-hour, micro-units."""
+    ondemand_price_micros: int = 3_060_000
+    """On-demand price per GPU-hour, micro-units."""
+    spot_reclaim_rate_per_hour: float = 0.0
+    """Reclaims per node-hour observed on spot so far (a rate, not money)."""
+    step_s: int = 60
+    """How often the caller will ask again (simulator step, daemon tick)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    capacity: Capacity
+    reason: str = ""
+
+
+class Action(str, Enum):
+    RESUME_SPOT = "resume_spot"
+    MOVE_ONDEMAND = "move_ondemand"
+    WAIT = "wait"
+    GIVE_UP = "give_up"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One past attempt, for on_preempt."""
+
+    capacity: Capacity
+    run_s: int
+    outcome: str
+    """'completed', 'reclaimed', 'preempted', 'failed', ..."""
+    lost_s: int = 0
+
+
+class Policy(ABC):
+    """A placement policy. Subclasses set ``name`` and implement both methods.
+
+    Contract:
+    - pure: same arguments, same answer;
+    - ``place`` never returns SPOT for a job with ``interruptible=False``;
+    - a job without a deadline is never forced to on-demand by a deadline rule.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def place(self, job: JobView, market: MarketView) -> Placement: ...
+
+    @abstractmethod
+    def on_preempt(
+        self, job: JobView, history: Sequence[AttemptView], market: MarketView
+    ) -> Decision: ...
+
+
+@dataclass
+class _Registry:
+    factories: dict[str, type[Policy]] = field(default_factory=dict)
+
+
+_REGISTRY = _Registry()
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy available by its ``name``."""
+    _REGISTRY.factories[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY.factories)
+
+
+def from_name(name: str, **kwargs: object) -> Policy:
+    """Build a policy by name; an unknown name lists the valid ones."""
+    try:
+        cls = _REGISTRY.factories[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; choose one of: {', '.join(names())}"
+        ) from None
+    return cls(**kwargs)  # type: ignore[arg-type]
