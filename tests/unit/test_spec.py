@@ -1,0 +1,381 @@
+"""JobSpec parsing: hostile and malformed requests are refused with a message naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from broker.errors import SpecError
+from broker.spec import (
+    JobSpec,
+    forbidden_sbatch_option,
+    load_job_file,
+    parse_duration,
+    parse_spec,
+    spec_from_dict,
+    spec_to_dict,
+)
+
+NOW = datetime(2026, 9, 1, 12, 0, tzinfo=timezone.utc)
+PARTITIONS = {"gpu-spot", "gpu-ondemand"}
+SCRIPT_OK = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:2\nsrun python train.py\n"
+
+
+def base() -> dict[str, Any]:
+    return {
+        "name": "train-llm",
+        "kind": "finetune",
+        "group": "vision-lab",
+        "gpus_per_node": 4,
+        "nodes": 2,
+        "time_limit": "2h",
+        "command": ["python", "train.py", "--epochs", "3"],
+    }
+
+
+def with_(**changes: Any) -> Callable[[], dict[str, Any]]:
+    def build() -> dict[str, Any]:
+        d = base()
+        for k, v in changes.items():
+            if v is _DROP:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        return d
+
+    return build
+
+
+_DROP = object()
+
+
+def script(text: str) -> Callable[[], dict[str, Any]]:
+    return with_(command=_DROP, script=text)
+
+
+def parse(data: dict[str, Any]) -> JobSpec:
+    return parse_spec(data, now=NOW, partitions=PARTITIONS)
+
+
+# (case id, request builder, text the error must contain: at least the field name)
+BAD: list[tuple[str, Callable[[], dict[str, Any]], list[str]]] = [
+    ("unknown kind", with_(kind="training"), ["kind", "render, simulation, finetune, other"]),
+    ("kind typo suggests", with_(kind="finetun"), ["kind", "finetune"]),
+    ("kind wrong type", with_(kind=3), ["kind"]),
+    ("gpus zero", with_(gpus_per_node=0), ["gpus_per_node", "at least 1"]),
+    ("gpus negative", with_(gpus_per_node=-2), ["gpus_per_node"]),
+    ("gpus float", with_(gpus_per_node=2.0), ["gpus_per_node", "whole number"]),
+    ("gpus bool", with_(gpus_per_node=True), ["gpus_per_node", "whole number"]),
+    ("gpus string", with_(gpus_per_node="4"), ["gpus_per_node"]),
+    ("gpus impossible", with_(gpus_per_node=9), ["gpus_per_node", "at most 8"]),
+    ("nodes zero", with_(nodes=0), ["nodes", "at least 1"]),
+    ("nodes impossible", with_(nodes=17), ["nodes", "at most 16"]),
+    ("nodes bool", with_(nodes=False), ["nodes"]),
+    ("time limit missing", with_(time_limit=_DROP), ["time_limit", "missing"]),
+    ("time limit garbage", with_(time_limit="two hours"), ["time_limit", "not a duration"]),
+    ("time limit decimal", with_(time_limit="1.5h"), ["time_limit"]),
+    ("time limit zero", with_(time_limit="0s"), ["time_limit", "longer than zero"]),
+    ("time limit negative", with_(time_limit="-5m"), ["time_limit"]),
+    ("time limit bad clock", with_(time_limit="01:75:00"), ["time_limit", "0-59"]),
+    ("time limit huge", with_(time_limit="400d"), ["time_limit", "year"]),
+    ("time limit float", with_(time_limit=1.5), ["time_limit"]),
+    ("deadline past", with_(deadline="2026-08-31T12:00:00+00:00"), ["deadline", "past"]),
+    ("deadline before time limit", with_(deadline="+1h"), ["deadline", "time_limit"]),
+    ("deadline naive", with_(deadline="2026-10-01T12:00:00"), ["deadline", "time zone"]),
+    ("deadline garbage", with_(deadline="next tuesday"), ["deadline", "ISO-8601"]),
+    ("deadline bad relative", with_(deadline="+soon"), ["deadline"]),
+    ("deadline wrong type", with_(deadline=36), ["deadline"]),
+    ("name with newline", with_(name="a\nb"), ["name", "'\\n'"]),
+    ("name with NUL", with_(name="a\x00b"), ["name"]),
+    ("name with shell meta", with_(name="x;rm -rf ~"), ["name", "';'"]),
+    ("name with dollar", with_(name="$(id)"), ["name"]),
+    ("name too long", with_(name="n" * 65), ["name", "longer than 64"]),
+    ("name leading dash", with_(name="--uid=0"), ["name"]),
+    ("name empty", with_(name=""), ["name", "empty"]),
+    ("group missing", with_(group=_DROP), ["group", "missing"]),
+    ("group with space", with_(group="vision lab"), ["group"]),
+    ("group with backtick", with_(group="lab`id`"), ["group"]),
+    ("group wrong type", with_(group=["lab"]), ["group", "string"]),
+    ("env key with meta", with_(env={"A;B": "1"}), ["env", "variable name"]),
+    ("env key with newline", with_(env={"A\nB": "1"}), ["env"]),
+    ("env key starts with digit", with_(env={"1A": "x"}), ["env"]),
+    ("env value not string", with_(env={"EPOCHS": 3}), ["env.EPOCHS", "string"]),
+    ("env value NUL", with_(env={"X": "a\x00"}), ["env.X", "NUL"]),
+    ("env reserved SBATCH", with_(env={"SBATCH_ACCOUNT": "rich-lab"}), ["env.SBATCH_ACCOUNT", "reserved"]),
+    ("env reserved SLURM", with_(env={"SLURM_JOB_ID": "1"}), ["env.SLURM_JOB_ID", "reserved"]),
+    ("env not a table", with_(env=["A=1"]), ["env"]),
+    ("command NUL", with_(command=["python", "a\x00b"]), ["command[1]", "NUL"]),
+    ("command newline", with_(command=["python", "-c", "1\n2"]), ["command[2]"]),
+    ("command string", with_(command="python train.py"), ["command", "list", '["python", "train.py"]']),
+    ("command empty list", with_(command=[]), ["command"]),
+    ("command non-string element", with_(command=["python", 3]), ["command[1]"]),
+    ("command empty program", with_(command=["", "x"]), ["command[0]"]),
+    ("command and script", with_(script="#!/bin/bash\necho hi\n"), ["command/script"]),
+    ("neither command nor script", with_(command=_DROP), ["command"]),
+    ("relative workdir", with_(workdir="runs/today"), ["workdir", "relative"]),
+    ("home-relative workdir", with_(workdir="~/runs"), ["workdir", "relative"]),
+    ("workdir newline", with_(workdir="/a\nb"), ["workdir"]),
+    ("relative checkpoint dir", with_(checkpoint={"style": "signal", "dir": "ckpt"}), ["checkpoint.dir", "relative"]),
+    ("checkpoint signal without dir", with_(checkpoint={"style": "signal"}), ["checkpoint.dir", "required"]),
+    ("checkpoint bad style", with_(checkpoint={"style": "sometimes"}), ["checkpoint.style", "signal, pieces, none"]),
+    ("checkpoint typo key", with_(checkpoint={"style": "none", "dri": "/x"}), ["checkpoint.dri", "did you mean dir"]),
+    ("checkpoint wrong type", with_(checkpoint=3), ["checkpoint"]),
+    ("relative script path", script("job.sh"), ["script", "relative"]),
+    ("unknown key typo", with_(gpu_per_node=2), ["gpu_per_node", "did you mean gpus_per_node?"]),
+    ("unknown key typo 2", with_(time_limt="2h"), ["time_limt", "did you mean time_limit?"]),
+    ("unknown key unrelated", with_(colour="blue"), ["colour", "known keys"]),
+    ("interruptible string", with_(interruptible="yes"), ["interruptible", "true or false"]),
+    ("partition unknown", with_(partition="gpu-free"), ["partition", "gpu-ondemand, gpu-spot"]),
+    ("partition meta", with_(partition="gpu,debug"), ["partition"]),
+    ("max_retries negative", with_(max_retries=-1), ["max_retries"]),
+    ("max_retries float", with_(max_retries=1.5), ["max_retries"]),
+    ("signal lead too long", with_(signal_lead_s=7200), ["signal_lead_s"]),
+    ("signal lead over time limit", with_(time_limit="1m", signal_lead_s=120), ["signal_lead_s", "time limit"]),
+    ("script sets partition", script("#!/bin/bash\n#SBATCH -p gpu-ondemand\necho\n"), ["script", "line 2", "-p"]),
+    ("script sets partition long", script("#!/bin/bash\n#SBATCH --partition=x\n"), ["script", "--partition"]),
+    ("script sets partition abbreviated", script("#!/bin/bash\n#SBATCH --part x\n"), ["script", "--partition"]),
+    ("script sets account", script("#!/bin/bash\n#SBATCH -A rich-lab\n"), ["script", "account", "-A"]),
+    ("script sets account glued", script("#!/bin/bash\n#SBATCH -Arich\n"), ["script", "-A"]),
+    ("script sets account long", script("#!/bin/bash\n#SBATCH --account=rich\n"), ["script", "--account"]),
+    ("script sets uid", script("#!/bin/bash\n#SBATCH --uid=0\n"), ["script", "--uid"]),
+    ("script sets gid", script("#!/bin/bash\n#SBATCH --gid 0\n"), ["script", "--gid"]),
+    ("script sets qos", script("#!/bin/bash\n#SBATCH --qos=high\n"), ["script", "--qos"]),
+    ("script sets qos short", script("#!/bin/bash\n#SBATCH -q high\n"), ["script", "-q"]),
+    ("script sets reservation", script("#!/bin/bash\n#SBATCH --reservation=r1\n"), ["script", "--reservation"]),
+    ("script bundled short", script("#!/bin/bash\n#SBATCH -Hp gpu\n"), ["script", "-p"]),
+    ("script second option on line", script("#!/bin/bash\n#SBATCH -N 2 -p gpu\n"), ["script", "-p"]),
+    ("script NUL", script("#!/bin/bash\necho \x00\n"), ["script", "NUL"]),
+    ("script CRLF", script("#!/bin/bash\r\necho hi\r\n"), ["script", "DOS"]),
+    ("script no shebang", script("echo hi\nexit 0\n"), ["script", "#!"]),
+    ("script too large", script("#!/bin/bash\n" + "#" * (1024 * 1024) + "\n"), ["script", "1 MiB"]),
+    ("script lone surrogate", script("#!/bin/bash\necho \udcff\n"), ["script", "UTF-8"]),
+    ("script wrong type", with_(command=_DROP, script=42), ["script"]),
+    ("script table typo", with_(command=_DROP, script={"txt": "#!/bin/sh\n"}), ["script.txt", "did you mean text"]),
+]
+
+
+@pytest.mark.parametrize("data_fn,fragments", [pytest.param(b, f, id=i) for i, b, f in BAD])
+def test_bad_request_is_refused_naming_the_field(data_fn: Callable[[], dict[str, Any]], fragments: list[str]) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(data_fn())
+    text = str(info.value)
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} not in {text!r}"
+
+
+def test_there_are_many_hostile_cases() -> None:
+    assert len(BAD) >= 30
+
+
+def test_valid_minimal_request_gets_defaults() -> None:
+    spec = parse({"group": "lab", "time_limit": "90", "command": ["/usr/bin/blender", "-b", "scene.blend"]})
+    assert spec.time_limit_s == 90 * 60  # a bare number is minutes, as in Slurm
+    assert spec.name == "blender"
+    assert spec.kind == "other"
+    assert (spec.nodes, spec.gpus_per_node, spec.gpus) == (1, 1, 1)
+    assert spec.interruptible is True
+    assert spec.checkpoint_style == "none" and not spec.checkpointable
+    assert spec.max_retries == 2 and spec.signal_lead_s == 120
+    assert spec.deadline is None and spec.partition is None
+
+
+def test_name_defaults_to_the_program_an_interpreter_runs() -> None:
+    spec = parse(with_(name=_DROP, command=["python3", "/home/ana/train.py", "--lr", "3e-4"])())
+    assert spec.name == "train.py"
+
+
+def test_full_request() -> None:
+    data = base() | {
+        "deadline": "2026-09-03T00:00:00+02:00",
+        "interruptible": False,
+        "checkpoint": {"style": "signal", "dir": "/scratch/ana/ckpt/"},
+        "partition": "gpu-ondemand",
+        "workdir": "/home/ana/proj",
+        "env": {"WANDB_MODE": "offline", "OMP_NUM_THREADS": "8"},
+        "max_retries": 0,
+        "signal_lead_s": 300,
+    }
+    spec = parse(data)
+    assert spec.deadline == datetime(2026, 9, 2, 22, 0, tzinfo=timezone.utc)
+    assert spec.deadline.tzinfo == timezone.utc
+    assert spec.checkpoint_dir == "/scratch/ana/ckpt"
+    assert spec.env == (("OMP_NUM_THREADS", "8"), ("WANDB_MODE", "offline"))
+    assert spec.env_dict()["WANDB_MODE"] == "offline"
+    assert spec.gpus == 8 and spec.max_retries == 0 and spec.interruptible is False
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("90", 5400), ("90s", 90), ("45m", 2700), ("2h", 7200), ("1h30m", 5400), ("1-02:00:00", 93600),
+     ("02:00:00", 7200), ("30:00", 1800), ("1-02", 93600), ("2d", 172800), (" 2H ", 7200)],
+)
+def test_durations(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+    assert parse(with_(time_limit=text)()).time_limit_s == seconds
+
+
+def test_relative_deadline_and_exact_boundary() -> None:
+    assert parse(with_(deadline="+36h")()).deadline == NOW + timedelta(hours=36)
+    # exactly now + time_limit is allowed; one second less is not
+    assert parse(with_(deadline="+2h")()).deadline == NOW + timedelta(hours=2)
+    with pytest.raises(SpecError, match="deadline"):
+        parse(with_(deadline=(NOW + timedelta(seconds=7199)).isoformat())())
+
+
+def test_limits_are_configurable() -> None:
+    data = with_(gpus_per_node=16, nodes=64)()
+    with pytest.raises(SpecError, match="gpus_per_node"):
+        parse(data)
+    spec = parse_spec(data, now=NOW, max_gpus_per_node=16, max_nodes=64)
+    assert spec.gpus == 1024
+
+
+def test_any_partition_name_when_no_list_is_given() -> None:
+    assert parse_spec(with_(partition="whatever")(), now=NOW).partition == "whatever"
+
+
+def test_script_file_is_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(SCRIPT_OK)
+    spec = parse(script(str(path))() | {"name": None})
+    assert spec.script == SCRIPT_OK and spec.script_path == str(path) and spec.command is None
+    assert spec.name == "job.sh"
+
+
+def test_script_file_not_utf8_or_missing(tmp_path: Path) -> None:
+    path = tmp_path / "bad.sh"
+    path.write_bytes(b"#!/bin/bash\necho \xff\xfe\n")
+    with pytest.raises(SpecError, match="script.*UTF-8"):
+        parse(script(str(path))())
+    with pytest.raises(SpecError, match="script: cannot read"):
+        parse(script(str(tmp_path / "missing.sh"))())
+
+
+def test_script_file_too_large(tmp_path: Path) -> None:
+    path = tmp_path / "big.sh"
+    path.write_bytes(b"#!/bin/bash\n" + b"#" * (1024 * 1024))
+    with pytest.raises(SpecError, match="script.*1 MiB"):
+        parse(script(str(path))())
+
+
+def test_inline_script_with_harmless_sbatch_lines() -> None:
+    text = "#!/bin/bash\n#SBATCH --gres=gpu:4\n#SBATCH --acctg-freq=30 --gpus=4\n#SBATCH -J x\necho done\n"
+    spec = parse(script(text)())
+    assert spec.script == text and spec.script_path is None
+    assert parse(script(text)() | {"name": None}).name == "finetune"  # inline: named after the kind
+
+
+@pytest.mark.parametrize(
+    "line,expected",
+    [("#SBATCH -p gpu", "-p"), ("#SBATCH --partition=gpu", "--partition"), ("#SBATCH --acc=x", "--account"),
+     ("#SBATCH -N 2 --qos high", "--qos"), ("#SBATCH -vA x", "-A"), ("#SBATCH -N2", None),
+     ("#SBATCH --gres=gpu:2", None), ("#SBATCH --job-name=-p", None), ("#SBATCH --mail-user=a@b", None),
+     ("#SBATCH -J x  # -p in a comment", None), ("#SBATCH --gpus-per-node=4", None)],
+)
+def test_forbidden_sbatch_option(line: str, expected: str | None) -> None:
+    assert forbidden_sbatch_option(line) == expected
+
+
+def test_round_trip_through_json() -> None:
+    data = base() | {
+        "deadline": "+3d",
+        "checkpoint": {"style": "pieces"},
+        "env": {"B": "2", "A": "1"},
+        "workdir": "/work/x",
+        "partition": "gpu-spot",
+    }
+    spec = parse(data)
+    wire = json.loads(json.dumps(spec_to_dict(spec)))
+    again = spec_from_dict(wire, now=NOW, partitions=PARTITIONS)
+    assert again == spec
+    # a stored spec reads back later, after its deadline passed
+    later = spec_from_dict(wire)
+    assert later == spec
+
+
+def test_round_trip_with_script(tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(SCRIPT_OK)
+    spec = parse(script(str(path))())
+    wire = json.loads(json.dumps(spec_to_dict(spec)))
+    path.unlink()  # the daemon must not need the file
+    assert spec_from_dict(wire, now=NOW) == spec
+
+
+def test_daemon_side_never_reads_a_script_path(tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(SCRIPT_OK)
+    with pytest.raises(SpecError, match="client must send the script text"):
+        spec_from_dict(script(str(path))(), now=NOW)
+
+
+def test_daemon_side_revalidates() -> None:
+    wire = spec_to_dict(parse(base()))
+    wire["gpus_per_node"] = 0
+    with pytest.raises(SpecError, match="gpus_per_node"):
+        spec_from_dict(wire, now=NOW)
+    wire = spec_to_dict(parse(with_(deadline="+3h")()))
+    with pytest.raises(SpecError, match="deadline.*past"):
+        spec_from_dict(wire, now=NOW + timedelta(days=1))
+
+
+def test_stored_spec_refuses_relative_deadline() -> None:
+    with pytest.raises(SpecError, match="deadline"):
+        spec_from_dict(with_(deadline="+3h")())
+
+
+def test_naive_now_is_a_programming_error() -> None:
+    with pytest.raises(ValueError):
+        parse_spec(base(), now=datetime(2026, 1, 1))
+
+
+def test_load_job_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        'name = "render-shot-12"\nkind = "render"\ngroup = "film"\ntime_limit = "45m"\n'
+        'command = ["blender", "-b", "shot12.blend", "-a"]\n'
+        'deadline = 2026-09-05T09:00:00Z\n'
+        '[checkpoint]\nstyle = "pieces"\n[env]\nFRAMES = "1-240"\n'
+    )
+    spec = parse(load_job_file(str(path)))
+    assert spec.kind == "render" and spec.time_limit_s == 2700
+    assert spec.deadline == datetime(2026, 9, 5, 9, 0, tzinfo=timezone.utc)
+    assert spec.env == (("FRAMES", "1-240"),)
+
+
+def test_load_job_file_errors_carry_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text('group = "lab"\ntime_limit = 2h\n')
+    with pytest.raises(SpecError) as info:
+        load_job_file(str(path))
+    assert "line 2" in str(info.value) and str(path) in str(info.value)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_job_file(str(tmp_path / "nope.toml"))
+    path.write_bytes(b'group = "\xff"\n')
+    with pytest.raises(SpecError, match="UTF-8"):
+        load_job_file(str(path))
+
+
+def test_toml_local_datetime_deadline_needs_zone(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text('group = "lab"\ntime_limit = "1h"\ncommand = ["x"]\ndeadline = 2026-09-05T09:00:00\n')
+    with pytest.raises(SpecError, match="deadline.*time zone"):
+        parse(load_job_file(str(path)))
+
+
+def test_spec_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys, broker.spec\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic', 'psycopg2', 'click')]\n"
+        "print(','.join(bad))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": str(root)}, check=True)
+    assert out.stdout.strip() == ""
