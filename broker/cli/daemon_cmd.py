@@ -1,0 +1,52 @@
+"""`gbroker daemon`: run the broker (imports the ORM and Slurm backend; loaded lazily)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from broker.cli.main import Context
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.command("daemon")
+@click.option("--db", "db_url", metavar="URL", help="Database URL (sqlite:///PATH or postgresql://...).")
+@click.option("--policy", help="Placement policy name.")
+@click.option("--tick", "tick_seconds", type=float, help="Seconds between reconcile ticks [default 15].")
+@click.option("--wait", "wait_for_lease", is_flag=True, help="If another daemon is active, wait to take over.")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+@pass_ctx
+def daemon(
+    ctx: Context,
+    db_url: str | None,
+    policy: str | None,
+    tick_seconds: float | None,
+    wait_for_lease: bool,
+    log_level: str,
+) -> None:
+    """Run the gbroker daemon in the foreground.
+
+    It serves the CLI on a UNIX socket, places and submits jobs, reconciles
+    with Slurm every tick and recovers reclaimed jobs. Run one per database
+    (a lease stops a second one). Stop it with SIGTERM or Ctrl-C.
+    """
+    logging.basicConfig(
+        level=getattr(logging, log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    from broker.config import load_settings
+    from broker.daemon import Daemon
+
+    settings = load_settings(
+        ctx.config_path,
+        overrides={
+            "db_url": db_url,
+            "policy": policy,
+            "tick_seconds": tick_seconds,
+            "socket": ctx._socket,
+        },
+    )
+    Daemon(settings).run_forever(wait_for_lease=wait_for_lease)

@@ -1,0 +1,232 @@
+"""Job commands for researchers: submit, status/ls, show, cancel, history."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from broker.cli.main import Context, cli
+from broker.cli.output import duration, print_json, print_table
+from broker.errors import SpecError
+
+pass_ctx = click.make_pass_decorator(Context)
+
+KINDS = ("render", "simulation", "finetune", "other")
+CHECKPOINT_STYLES = ("signal", "pieces", "none")
+
+
+def _read_script(path: str) -> str:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"script: cannot read {path}: {exc.strerror}", hint="check the path") from None
+    if len(raw) > 1024 * 1024:
+        raise SpecError("script: larger than 1 MiB", hint="keep the batch script small; put data in files")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise SpecError(f"script: {path} is not UTF-8 text", hint="save it as UTF-8") from None
+
+
+def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
+    """Merge a TOML job file with flags (flags win) into the dict the daemon validates.
+
+    Files are read here, as the user, so the daemon never opens user paths itself.
+    """
+    data: dict[str, Any] = {}
+    if job_file:
+        from broker.spec import load_job_file
+
+        data = load_job_file(job_file)
+        base = Path(job_file).resolve().parent
+        script = data.get("script")
+        if isinstance(script, str) and "\n" not in script and not script.startswith("#!"):
+            script_path = Path(script) if Path(script).is_absolute() else base / script
+            data["script"] = _read_script(str(script_path))
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in ("checkpoint_dir", "checkpoint_style"):
+            ck = dict(data.get("checkpoint") or {})
+            ck["dir" if key == "checkpoint_dir" else "style"] = value
+            data["checkpoint"] = ck
+        elif key == "script_path":
+            data["script"] = _read_script(value)
+        elif key == "env":
+            env = dict(data.get("env") or {})
+            for item in value:
+                name, sep, val = item.partition("=")
+                if not sep:
+                    raise SpecError(f"--env {item!r}: expected NAME=VALUE")
+                env[name] = val
+            if env:
+                data["env"] = env
+        else:
+            data[key] = value
+    if command:
+        data["command"] = list(command)
+    data.setdefault("workdir", os.getcwd())
+    if "checkpoint" in data and isinstance(data["checkpoint"], dict):
+        ck = data["checkpoint"]
+        if isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
+            ck["dir"] = os.path.abspath(ck["dir"])
+    return data
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--name", help="Job name (letters, digits, . _ -; at most 64).")
+@click.option("--kind", type=click.Choice(KINDS), help="What the job is [default: other].")
+@click.option("--gpus", "gpus_per_node", type=int, help="GPUs per node [default: 1].")
+@click.option("--nodes", type=int, help="Nodes, run as one gang [default: 1].")
+@click.option("--time", "time_limit", metavar="DURATION", help="Time limit: 90m, 2h, 1h30m, 1-02:00:00.")
+@click.option("--deadline", metavar="WHEN", help="Finish by: ISO time with zone, or +36h from now.")
+@click.option(
+    "--interruptible/--no-interruptible",
+    default=None,
+    help="May run on spot and be reclaimed [default: interruptible].",
+)
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="Where the job saves checkpoints.")
+@click.option(
+    "--checkpoint-style",
+    type=click.Choice(CHECKPOINT_STYLES),
+    help="signal: the program saves on SIGUSR1; pieces: independent pieces restart freely; none.",
+)
+@click.option("--group", "-g", help="Your group (Slurm account), e.g. vision.")
+@click.option("--partition", help="Force a partition instead of letting the policy choose.")
+@click.option("--script", "script_path", type=click.Path(dir_okay=False), help="A batch script to run.")
+@click.option("--env", "-e", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable).")
+@click.option("--max-retries", type=int, help="Retries after the program's own failures [default: 2].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def submit(ctx: Context, job_file: str | None, command: tuple[str, ...], as_json: bool, **flags: Any) -> None:
+    """Submit a job from a TOML JOB_FILE and/or flags.
+
+    \b
+    Examples:
+      gbroker submit job.toml
+      gbroker submit --group vision --gpus 2 --time 4h --checkpoint-dir ~/ck -- python train.py
+      gbroker submit --kind render --no-interruptible --group climate --script render.sh
+
+    Put the command after `--`. Flags override the job file.
+    """
+    if job_file and command == () and not Path(job_file).exists():
+        raise SpecError(f"job file {job_file} does not exist", hint="give a TOML job file, or the command after --")
+    spec = build_spec(job_file, flags, command)
+    result = ctx.call("submit", spec=spec)
+    if as_json:
+        print_json(result)
+        return
+    slurm = f", Slurm job {result['slurm_job_id']}" if result.get("slurm_job_id") else ""
+    click.echo(f"Submitted job {result['id']} ({result['name']}) to {result['partition']} [{result['capacity']}]{slurm}")
+    if result.get("note"):
+        click.echo(f"  note: {result['note']}")
+
+
+def _job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [
+            j["id"],
+            j["name"],
+            j["owner"],
+            j["group"],
+            j["state"],
+            j.get("capacity") or "",
+            j.get("partition") or "",
+            j.get("attempts", 0),
+            j.get("slurm_job_id") or "",
+            duration(j.get("age_s")),
+        ]
+        for j in jobs
+    ]
+
+
+_JOB_HEADERS = ["ID", "NAME", "USER", "GROUP", "STATE", "CAPACITY", "PARTITION", "ATTEMPTS", "SLURM", "AGE"]
+
+
+@cli.command()
+@click.option("--all", "all_users", is_flag=True, help="Every user's jobs (admins only).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def status(ctx: Context, all_users: bool, as_json: bool) -> None:
+    """List your active jobs."""
+    jobs = ctx.call("list", active=True, all_users=all_users)
+    if as_json:
+        print_json(jobs)
+    elif not jobs:
+        click.echo("No active jobs. `gbroker history` lists finished ones.")
+    else:
+        print_table(_job_rows(jobs), _JOB_HEADERS)
+
+
+cli.add_command(status, "ls")
+
+
+@cli.command()
+@click.option("--limit", default=50, show_default=True, help="How many jobs.")
+@click.option("--all", "all_users", is_flag=True, help="Every user's jobs (admins only).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
+    """List your jobs, newest first, finished ones included."""
+    jobs = ctx.call("list", active=False, all_users=all_users, limit=limit)
+    if as_json:
+        print_json(jobs)
+    elif not jobs:
+        click.echo("No jobs yet.")
+    else:
+        print_table(_job_rows(jobs), _JOB_HEADERS)
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+def show(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Show one job: its spec, attempts and recent events."""
+    job = ctx.call("show", job_id=job_id)
+    if as_json:
+        print_json(job)
+        return
+    click.echo(f"Job {job['id']}  {job['name']}  ({job['kind']})")
+    click.echo(f"  owner      {job['owner']}   group {job['group']}")
+    click.echo(f"  state      {job['state']}" + (f"  — {job['reason']}" if job.get("reason") else ""))
+    click.echo(f"  placement  {job.get('capacity') or '-'} on {job.get('partition') or '-'} (policy {job.get('policy')})")
+    click.echo(f"  reclaims   {job.get('reclaims', 0)}   failures {job.get('failures', 0)}")
+    if job.get("deadline"):
+        click.echo(f"  deadline   {job['deadline']}")
+    click.echo("")
+    rows = [
+        [
+            a["number"],
+            a.get("slurm_job_id") or "",
+            a.get("partition") or "",
+            a.get("capacity") or "",
+            a["state"],
+            a.get("nodes") or "",
+            a.get("started_at") or "",
+            a.get("ended_at") or "",
+            duration(a.get("lost_s")),
+        ]
+        for a in job["attempts"]
+    ]
+    print_table(rows, ["ATTEMPT", "SLURM", "PARTITION", "CAPACITY", "OUTCOME", "NODES", "START", "END", "LOST"])
+    if job.get("events"):
+        click.echo("")
+        for e in job["events"][-10:]:
+            click.echo(f"  {e['at']}  {e['kind']:<12} {e['message']}")
+
+
+@cli.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@pass_ctx
+def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
+    """Cancel jobs (your own; admins: any)."""
+    result = ctx.call("cancel", job_ids=list(job_ids))
+    for item in result:
+        click.echo(f"Job {item['id']}: {item['state']}")

@@ -1,0 +1,144 @@
+"""The daemon: APScheduler wiring, signals, the single-writer lease, graceful stop.
+
+One daemon acts on a database at a time: it holds a lease row that it renews
+every few seconds. A second daemon finds the lease held and either waits for
+it (``--wait``) or exits with a message that names the holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from broker.api import ApiServer
+from broker.config import Settings
+from broker.errors import BrokerError
+from broker.service.context import Services, build_services
+from broker.service.handlers import make_handlers
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "daemon"
+
+
+class LeaseHeld(BrokerError):
+    exit_code = 8
+
+
+class Daemon:
+    def __init__(self, settings: Settings, services: Services | None = None) -> None:
+        self.settings = settings
+        self.services = services or build_services(settings)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.stopping = threading.Event()
+        self.scheduler = BackgroundScheduler(timezone="UTC")
+        self.server: ApiServer | None = None
+
+    # -- lease -------------------------------------------------------------
+    def acquire_lease(self, wait: bool) -> None:
+        ttl = self.settings.lease_ttl_seconds
+        while True:
+            holder = self.services.try_lease(LEASE_NAME, self.holder, ttl)
+            if holder is None:
+                log.info("lease %r acquired by %s", LEASE_NAME, self.holder)
+                return
+            if not wait:
+                raise LeaseHeld(
+                    f"another gbroker daemon ({holder}) is active on this database",
+                    hint="stop it first, or start this one with --wait to take over when it stops",
+                )
+            log.info("lease held by %s; waiting", holder)
+            if self.stopping.wait(min(ttl / 3, 5.0)):
+                raise LeaseHeld("stopped while waiting for the lease")
+
+    def _renew_lease(self) -> None:
+        if self.services.try_lease(LEASE_NAME, self.holder, self.settings.lease_ttl_seconds) is not None:
+            # Someone else took the database over: a second writer would corrupt the ledger.
+            log.error("lost the daemon lease; stopping")
+            self.stop()
+
+    # -- life cycle --------------------------------------------------------
+    def start(self, wait_for_lease: bool = False) -> None:
+        self.services.migrate()
+        self.acquire_lease(wait_for_lease)
+        self.services.adopt_on_start()
+        tick = self.settings.tick_seconds
+        self.scheduler.add_job(
+            self.services.reconcile_tick,
+            "interval",
+            seconds=tick,
+            id="reconcile",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=None,
+        )
+        self.scheduler.add_job(
+            self._renew_lease,
+            "interval",
+            seconds=max(1.0, self.settings.lease_ttl_seconds / 3),
+            id="lease",
+            max_instances=1,
+            coalesce=True,
+        )
+        self.server = ApiServer(self.settings.socket, make_handlers(self.services), self.settings.admin_group)
+        self.server.serve_in_thread()
+        self.scheduler.start()
+        # First tick at once, so a restarted daemon adopts what it finds without delay.
+        self.scheduler.modify_job("reconcile", next_run_time=_now())
+        log.info(
+            "gbroker daemon up: socket %s, database %s, policy %s, tick %ss",
+            self.settings.socket,
+            _redact(self.settings.db_url),
+            self.settings.policy,
+            tick,
+        )
+
+    def stop(self, *_: Any) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+
+    def shutdown(self) -> None:
+        log.info("stopping: waiting for the running tick to finish")
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+        self.services.release_lease(LEASE_NAME, self.holder)
+        log.info("stopped")
+
+    def run_forever(self, wait_for_lease: bool = False) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        self.start(wait_for_lease)
+        try:
+            while not self.stopping.wait(1.0):
+                pass
+        finally:
+            self.shutdown()
+
+
+def _now() -> Any:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def sleep_until(deadline: float) -> None:
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, deadline - time.monotonic()))

@@ -1,0 +1,131 @@
+"""What every use case needs, built once: settings, database, Slurm backend, policy, clock.
+
+There are no global singletons: tests build a ``Services`` with a fake clock
+or a recorded backend and throw it away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterator
+
+from sqlalchemy.orm import Session, sessionmaker
+
+import policies
+from broker.clock import Clock, SystemClock
+from broker.config import Settings
+from broker.db import store
+from broker.slurm import make_backend
+from broker.slurm.backend import Backend
+
+log = logging.getLogger(__name__)
+
+
+class CrashPoints:
+    """Named points where a test can make the daemon die (SIGKILL-like).
+
+    Set ``GBROKER_CRASH_AT=after_sbatch`` (comma-separated names) in the
+    daemon's environment; reaching that point kills the process at once, so
+    crash safety is tested against real interruptions, not simulated ones.
+    """
+
+    def __init__(self, names: str | None = None) -> None:
+        raw = os.environ.get("GBROKER_CRASH_AT", "") if names is None else names
+        self.names = {n.strip() for n in raw.split(",") if n.strip()}
+
+    def reach(self, name: str) -> None:
+        if name in self.names:
+            log.critical("crash point %s reached: dying now", name)
+            os._exit(137)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    backend: Backend
+    policy: policies.Policy
+    clock: Clock = field(default_factory=SystemClock)
+    crash: CrashPoints = field(default_factory=CrashPoints)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Serialises writers inside the daemon (API threads and the reconcile tick)."""
+    market: Any = None
+    """The last MarketView built by the reconcile tick (observed reclaim rate...)."""
+    inflight: set[int] = field(default_factory=set)
+    """Attempt ids whose sbatch is under way in this process: the tick leaves them alone."""
+    slurm_down_since: datetime | None = None
+    next_try_at: datetime | None = None
+    backoff_s: float = 0.0
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        """One locked unit of work: commit on success, roll back on error."""
+        with self.lock, self.sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    # -- lease and start-up ---------------------------------------------------
+    def migrate(self) -> None:
+        store.upgrade_to_head(self.settings.db_url)
+
+    def try_lease(self, name: str, holder: str, ttl_s: float) -> str | None:
+        """None when `holder` has the lease now; else who holds it."""
+        with self.tx() as s:
+            if store.acquire_lease(s, name, holder, ttl_s, self.clock.now()):
+                return None
+            return store.lease_holder(s, name) or "unknown"
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self.tx() as s:
+            store.release_lease(s, name, holder)
+
+    def adopt_on_start(self) -> None:
+        """Nothing special: the first reconcile tick adopts by key (principle 4)."""
+
+    def reconcile_tick(self) -> None:
+        from broker.service.reconcile import reconcile
+
+        reconcile(self)
+
+    # -- backoff while Slurm is down -----------------------------------------
+    def slurm_down(self, now: datetime, why: str) -> None:
+        if self.slurm_down_since is None:
+            self.slurm_down_since = now
+            log.warning("Slurm controller unreachable (%s); jobs are unknown until it answers", why)
+        self.backoff_s = min(
+            self.settings.backoff_max_seconds, max(self.settings.tick_seconds, self.backoff_s * 2 or 1.0)
+        )
+        self.next_try_at = now + timedelta(seconds=self.backoff_s)
+
+    def slurm_up(self, now: datetime) -> None:
+        if self.slurm_down_since is not None:
+            log.warning("Slurm controller answers again after %s", now - self.slurm_down_since)
+        self.slurm_down_since = None
+        self.next_try_at = None
+        self.backoff_s = 0.0
+
+    def policy_kwargs(self) -> dict[str, Any]:
+        return {}
+
+
+def build_services(settings: Settings, **kwargs: Any) -> Services:
+    engine = store.make_engine(settings.db_url)
+    sessions = store.session_factory(engine)
+    backend = kwargs.pop("backend", None) or make_backend(settings.slurm_backend)
+    policy = kwargs.pop("policy", None) or make_policy(settings)
+    return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)
+
+
+def make_policy(settings: Settings) -> policies.Policy:
+    if settings.policy == "simple":
+        return policies.from_name("simple", max_spot_reclaims=settings.max_spot_reclaims)
+    return policies.from_name(settings.policy)

@@ -1,0 +1,102 @@
+"""Build the policy's views (JobView, MarketView) from what the daemon knows.
+
+The policies are pure; this is where the daemon's facts are turned into their
+arguments: the job's size and deadline, and the spot reclaim rate observed on
+the real cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Sequence
+
+from sqlalchemy import select
+
+from broker.config import Settings
+from broker.db.models import Attempt, Job
+from broker.errors import SpecError
+from broker.spec import JobSpec
+from policies import AttemptView, Capacity, JobView, MarketView
+
+RECLAIM_WINDOW = timedelta(days=7)
+"""How far back the observed spot reclaim rate looks."""
+
+
+def capacity_of_partition(settings: Settings, partition: str) -> str:
+    if partition == settings.spot_partition:
+        return "spot"
+    if partition == settings.ondemand_partition:
+        return "ondemand"
+    raise SpecError(
+        f"partition: {partition!r} is not managed by gbroker",
+        hint=f"use {settings.spot_partition} or {settings.ondemand_partition}, or leave it to the policy",
+    )
+
+
+def job_view(
+    spec: JobSpec,
+    *,
+    now: datetime,
+    submitted_at: datetime | None = None,
+    done_s: int = 0,
+    reclaims: int = 0,
+    current: Capacity = Capacity.NONE,
+    changeover_s: int = 60,
+) -> JobView:
+    start = submitted_at or now
+    deadline_s = int((spec.deadline - start).total_seconds()) if spec.deadline else None
+    return JobView(
+        kind=spec.kind,
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        interruptible=spec.interruptible,
+        checkpointable=spec.checkpoint_style != "none",
+        work_s=spec.time_limit_s,
+        done_s=done_s,
+        elapsed_s=max(0, int((now - start).total_seconds())),
+        deadline_s=deadline_s,
+        changeover_s=changeover_s,
+        current=current,
+        reclaims=reclaims,
+    )
+
+
+def observed_reclaim_rate(session, now: datetime) -> float:  # type: ignore[no-untyped-def]
+    """Reclaims per spot node-hour over the recent window."""
+    since = now - RECLAIM_WINDOW
+    rows = session.execute(
+        select(Attempt.state, Attempt.started_at, Attempt.ended_at).where(
+            Attempt.capacity == "spot", Attempt.started_at.is_not(None), Attempt.started_at >= since
+        )
+    ).all()
+    hours = 0.0
+    reclaims = 0
+    for state, started, ended in rows:
+        end = ended or now
+        hours += max(0.0, (_aware(end) - _aware(started)).total_seconds()) / 3600
+        reclaims += state in ("reclaimed", "preempted")
+    return reclaims / hours if hours > 0 else 0.0
+
+
+def market_view(svc) -> MarketView:  # type: ignore[no-untyped-def]
+    return getattr(svc, "market", None) or MarketView()
+
+
+def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:
+    out = []
+    for a in attempts:
+        run_s = 0
+        if a.started_at and a.ended_at:
+            run_s = int((_aware(a.ended_at) - _aware(a.started_at)).total_seconds())
+        out.append(AttemptView(Capacity(a.capacity), run_s, a.state, a.lost_s or 0))
+    return out
+
+
+def _aware(dt: datetime) -> datetime:
+    from datetime import timezone
+
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def job_of(session, job_id: int) -> Job | None:  # type: ignore[no-untyped-def]
+    return session.get(Job, job_id)

@@ -1,0 +1,404 @@
+"""The reconcile tick: read Slurm once, compare with the store, converge.
+
+Level-triggered and idempotent (principle 3): every tick looks at what Slurm
+says *now* and moves each active job towards it. Running a tick twice, or
+after a crash, changes nothing more. Slurm calls per tick do not grow with the
+number of jobs: one ``squeue`` for all jobs, one ``sacct`` for the jobs that
+left the queue (or were requeued), and one more only to adopt submissions
+that a crashed daemon left behind.
+
+A job Slurm does not answer about is *unknown*, never failed or completed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.checkpoint import last_saved_at
+from broker.db import store
+from broker.db.models import Attempt, Job
+from broker.errors import SlurmError, SlurmUnavailable
+from broker.service.context import Services
+from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate
+from broker.service.submit import sbatch_attempt, slurm_name
+from broker.slurm.backend import SacctRow, SlurmJob
+from broker.spec import spec_from_dict
+from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from policies import Action, Capacity, MarketView
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "gb-"
+ADOPT_LOOKBACK = timedelta(hours=1)
+"""How far back sacct is searched for a submission that a crashed daemon left unconfirmed."""
+
+
+@dataclass
+class TickPlan:
+    """Slurm actions decided in one tick, sent batched at its end."""
+
+    start_now: list[int] = field(default_factory=list)
+    to_ondemand: list[int] = field(default_factory=list)
+    cancel: list[int] = field(default_factory=list)
+    sbatch: list[tuple[int, int]] = field(default_factory=list)
+    """(job id, attempt id) to submit afresh."""
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
+    """Every active job with its latest attempt, in one query."""
+    latest = (
+        select(Attempt.job_id, func.max(Attempt.number).label("n")).group_by(Attempt.job_id).subquery()
+    )
+    q = (
+        select(Job, Attempt)
+        .join(latest, latest.c.job_id == Job.id)
+        .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
+        .where(Job.state.not_in([t.value for t in TERMINAL]))
+        .order_by(Job.id)
+    )
+    return [(j, a) for j, a in session.execute(q).all()]
+
+
+def reconcile(svc: Services) -> None:
+    now = svc.clock.now()
+    if svc.next_try_at is not None and now < svc.next_try_at:
+        return
+    try:
+        queue = svc.backend.jobs(name_prefix=KEY_PREFIX)
+    except SlurmUnavailable as exc:
+        svc.slurm_down(now, str(exc))
+        _mark_unknown(svc, now, "Slurm controller unreachable")
+        return
+    svc.slurm_up(now)
+    by_id = {j.job_id: j for j in queue}
+    by_name = {j.name: j for j in queue}
+    plan = TickPlan()
+    inflight = getattr(svc, "inflight", set())
+
+    with svc.tx() as s:
+        svc.market = MarketView(  # type: ignore[attr-defined]
+            spot_reclaim_rate_per_hour=observed_reclaim_rate(s, now),
+        )
+        pairs = active_with_latest(s)
+        need_history: dict[int, tuple[Job, Attempt]] = {}
+        unconfirmed: list[tuple[Job, Attempt]] = []
+        for job, att in pairs:
+            if att.id in inflight:
+                continue
+            if att.slurm_job_id is None:
+                found = by_name.get(slurm_name(job.key, att.number))
+                if found is not None:
+                    _adopt(s, job, att, found, now)
+                    _follow(s, svc, job, att, found, now, plan, need_history)
+                else:
+                    unconfirmed.append((job, att))
+            elif att.slurm_job_id in by_id:
+                _follow(s, svc, job, att, by_id[att.slurm_job_id], now, plan, need_history)
+            else:
+                need_history[att.slurm_job_id] = (job, att)
+
+    rows: list[SacctRow] = []
+    try:
+        if need_history:
+            rows = svc.backend.history(job_ids=sorted(need_history))
+        if unconfirmed:
+            since = min(_utc(a.submitted_at) or now for _, a in unconfirmed) - timedelta(minutes=5)
+            rows += svc.backend.history(since=max(since, now - ADOPT_LOOKBACK))
+    except SlurmUnavailable as exc:
+        svc.slurm_down(now, str(exc))
+        return
+    by_job: dict[int, list[SacctRow]] = {}
+    for r in rows:
+        by_job.setdefault(r.job_id, []).append(r)
+
+    with svc.tx() as s:
+        for slurm_id, (job0, att0) in need_history.items():
+            job, att = s.get(Job, job0.id), s.get(Attempt, att0.id)
+            assert job is not None and att is not None
+            _settle(s, svc, job, att, by_job.get(slurm_id, []), by_id.get(slurm_id), now, plan)
+        names = {r.name: r for r in rows}
+        for job0, att0 in unconfirmed:
+            job, att = s.get(Job, job0.id), s.get(Attempt, att0.id)
+            assert job is not None and att is not None
+            row = names.get(slurm_name(job.key, att.number))
+            if row is not None:
+                att.slurm_job_id = row.job_id
+                store.add_event(s, job.id, "adopted", f"found Slurm job {row.job_id} by key after a restart", now=now)
+                _settle(s, svc, job, att, by_job.get(row.job_id, [row]), None, now, plan)
+            else:
+                # The intent is stored but Slurm never got the job: submit it now.
+                plan.sbatch.append((job.id, att.id))
+
+    _act(svc, plan, now)
+
+
+# -- following a job that is still in the queue --------------------------------
+def _adopt(s: Session, job: Job, att: Attempt, sj: SlurmJob, now: datetime) -> None:
+    att.slurm_job_id = sj.job_id
+    att.slurm_restarts = sj.restarts
+    store.add_event(s, job.id, "adopted", f"found Slurm job {sj.job_id} by key after a restart", now=now)
+
+
+def _follow(
+    s: Session,
+    svc: Services,
+    job: Job,
+    att: Attempt,
+    sj: SlurmJob,
+    now: datetime,
+    plan: TickPlan,
+    need_history: dict[int, tuple[Job, Attempt]],
+) -> None:
+    started = _utc(sj.start_time) if sj.state == AttemptState.RUNNING else None
+    new_run = sj.restarts > (att.slurm_restarts or 0) or (
+        att.state == AttemptState.RUNNING.value and sj.state == AttemptState.PENDING
+    )
+    if not new_run and started and att.started_at and abs((started - _utc(att.started_at)).total_seconds()) > 2:  # type: ignore[operator]
+        new_run = True
+    if new_run:
+        # Slurm requeued it (node failure = spot reclaim, or preemption): the attempt is over.
+        need_history[sj.job_id] = (job, att)
+        return
+    if sj.state == AttemptState.RUNNING:
+        if att.state != AttemptState.RUNNING.value:
+            att.state = AttemptState.RUNNING.value
+            att.started_at = started or now
+            att.nodes = ",".join(sj.nodes)
+            store.add_event(s, job.id, "running", f"attempt {att.number} runs on {att.nodes}", now=now)
+        _move(s, job, JobState.RUNNING, f"running on {','.join(sj.nodes)}", now)
+    elif sj.state == AttemptState.PENDING:
+        if att.state == AttemptState.SUBMITTING.value:
+            att.state = AttemptState.PENDING.value
+        held = "held" in (sj.reason or "").lower()
+        _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
+    elif sj.state == AttemptState.UNKNOWN:
+        _move(s, job, JobState.UNKNOWN, f"Slurm state {sj.state_raw}", now)
+
+
+def _move(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:
+    if job.state != state.value or (job.reason or "") != reason:
+        store.set_job_state(s, job, state, reason, now=now)
+
+
+# -- settling an attempt that ended (left the queue, or was requeued) ----------
+def _settle(
+    s: Session,
+    svc: Services,
+    job: Job,
+    att: Attempt,
+    rows: list[SacctRow],
+    still_queued: SlurmJob | None,
+    now: datetime,
+    plan: TickPlan,
+) -> None:
+    rows = sorted(rows, key=lambda r: (_utc(r.start) or now, r.end is None))
+    if still_queued is not None:
+        _requeued(s, svc, job, att, rows, still_queued, now, plan)
+        return
+    if not rows:
+        # Not in squeue, not (yet) in sacct: accounting may lag. Unknown, never completed.
+        _move(s, job, JobState.UNKNOWN, f"Slurm job {att.slurm_job_id} not in squeue or sacct yet", now)
+        return
+    final = rows[-1]
+    att.ended_at = _utc(final.end) or now
+    att.started_at = att.started_at or _utc(final.start)
+    att.nodes = att.nodes or ",".join(final.nodelist)
+    att.exit_code = final.exit_code
+    state = final.state
+    if state == AttemptState.COMPLETED:
+        att.state = state.value
+        job.done_s = max(job.done_s or 0, _run_s(att))
+        store.set_job_state(s, job, JobState.COMPLETED, "completed", now=now)
+        job.finished_at = now
+    elif state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
+        att.state = state.value
+        att.lost_s = _lost_s(job, att)
+        job.reclaims = (job.reclaims or 0) + 1
+        _recover(s, svc, job, att, now, plan, requeued=None)
+    elif state == AttemptState.CANCELLED:
+        att.state = state.value
+        store.set_job_state(s, job, JobState.CANCELLED, f"cancelled in Slurm ({final.state_raw})", now=now)
+        job.finished_at = now
+    elif state == AttemptState.TIMEOUT:
+        att.state = state.value
+        store.set_job_state(s, job, JobState.TIMEOUT, "ran out of its time limit", now=now)
+        job.finished_at = now
+    elif state == AttemptState.FAILED:
+        att.state = state.value
+        job.failures = (job.failures or 0) + 1
+        spec = spec_from_dict(json.loads(job.spec_json))
+        if job.failures > spec.max_retries:
+            store.set_job_state(
+                s, job, JobState.FAILED,
+                f"the program failed {job.failures} times (last exit {final.exit_code}); "
+                f"see {spec.workdir}/gbroker-{job.id}.out",
+                now=now,
+            )
+            job.finished_at = now
+        else:
+            nxt = store.add_attempt(s, job, partition=att.partition, capacity=att.capacity, now=now)
+            store.set_job_state(s, job, JobState.RECOVERING, f"retry {job.failures} after exit {final.exit_code}", now=now)
+            s.flush()
+            plan.sbatch.append((job.id, nxt.id))
+    else:
+        _move(s, job, JobState.UNKNOWN, f"Slurm says {final.state_raw}", now)
+
+
+def _requeued(
+    s: Session,
+    svc: Services,
+    job: Job,
+    att: Attempt,
+    rows: list[SacctRow],
+    sj: SlurmJob,
+    now: datetime,
+    plan: TickPlan,
+) -> None:
+    """Slurm requeued the job itself: close the attempt, open the next on the same Slurm job."""
+    ended = [r for r in rows if r.end is not None and r.state in ATTEMPT_TERMINAL]
+    outcome = AttemptState.RECLAIMED
+    if ended:
+        last = ended[-1]
+        outcome = last.state if last.state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED) else outcome
+        att.ended_at = _utc(last.end)
+        att.started_at = att.started_at or _utc(last.start)
+        att.nodes = att.nodes or ",".join(last.nodelist)
+    att.ended_at = att.ended_at or now
+    att.state = outcome.value
+    att.lost_s = _lost_s(job, att)
+    job.reclaims = (job.reclaims or 0) + 1
+    _recover(s, svc, job, att, now, plan, requeued=sj)
+
+
+def _recover(
+    s: Session,
+    svc: Services,
+    job: Job,
+    att: Attempt,
+    now: datetime,
+    plan: TickPlan,
+    requeued: SlurmJob | None,
+) -> None:
+    """Ask the policy what to do after a reclaim, and plan it."""
+    spec = spec_from_dict(json.loads(job.spec_json))
+    attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
+    view = job_view(
+        spec,
+        now=now,
+        submitted_at=_utc(job.created_at),
+        done_s=job.done_s or 0,
+        reclaims=job.reclaims or 0,
+        current=Capacity.NONE,
+    )
+    decision = svc.policy.on_preempt(view, attempt_views(attempts), market_view(svc))
+    lost = f"{att.lost_s}s of work lost" if att.lost_s is not None else "lost work unknown"
+    store.add_event(
+        s, job.id, att.state,
+        f"attempt {att.number} {att.state} on {att.nodes or '?'} ({lost}); policy: {decision.action.value} — {decision.reason}",
+        now=now,
+    )
+    if decision.action == Action.GIVE_UP:
+        if requeued is not None:
+            plan.cancel.append(requeued.job_id)
+        store.set_job_state(s, job, JobState.DEADLINE_MISSED, decision.reason, now=now)
+        job.finished_at = now
+        return
+    capacity = "ondemand" if decision.action == Action.MOVE_ONDEMAND else att.capacity
+    if decision.action == Action.RESUME_SPOT:
+        capacity = "spot"
+    partition = svc.settings.partition_for(capacity)
+    nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
+    job.capacity, job.partition = capacity, partition
+    store.set_job_state(s, job, JobState.RECOVERING, f"{decision.action.value}: {decision.reason}", now=now)
+    if requeued is not None:
+        # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
+        nxt.slurm_job_id = requeued.job_id
+        nxt.slurm_restarts = requeued.restarts
+        nxt.state = AttemptState.PENDING.value
+        if requeued.state == AttemptState.PENDING:
+            if partition != requeued.partition:
+                plan.to_ondemand.append(requeued.job_id)
+            if decision.action != Action.WAIT:
+                plan.start_now.append(requeued.job_id)
+        elif requeued.state == AttemptState.RUNNING:
+            nxt.state = AttemptState.RUNNING.value
+            nxt.started_at = _utc(requeued.start_time) or now
+            nxt.nodes = ",".join(requeued.nodes)
+            store.set_job_state(s, job, JobState.RUNNING, f"running on {nxt.nodes}", now=now)
+    else:
+        s.flush()
+        plan.sbatch.append((job.id, nxt.id))
+
+
+def _run_s(att: Attempt) -> int:
+    if att.started_at is None or att.ended_at is None:
+        return 0
+    return max(0, int((_utc(att.ended_at) - _utc(att.started_at)).total_seconds()))  # type: ignore[operator]
+
+
+def _lost_s(job: Job, att: Attempt) -> int:
+    """Work lost since the last checkpoint (all of the attempt when there is none)."""
+    run = _run_s(att)
+    spec = spec_from_dict(json.loads(job.spec_json))
+    if spec.checkpoint_style == "none" or not spec.checkpoint_dir or att.started_at is None:
+        return run
+    saved = last_saved_at(spec.checkpoint_dir)
+    if saved is None:
+        return run
+    saved_dt = datetime.fromtimestamp(saved, timezone.utc)
+    start, end = _utc(att.started_at), _utc(att.ended_at)
+    assert start is not None and end is not None
+    if saved_dt < start:
+        return run
+    return max(0, int((end - min(saved_dt, end)).total_seconds()))
+
+
+# -- acting on the plan, batched -------------------------------------------------
+def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
+    try:
+        if plan.cancel:
+            svc.backend.cancel(plan.cancel)
+        for slurm_id in plan.to_ondemand:
+            svc.backend.update(slurm_id, partition=svc.settings.ondemand_partition)
+        if plan.start_now:
+            svc.backend.start_now(plan.start_now)
+    except SlurmUnavailable as exc:
+        svc.slurm_down(now, str(exc))
+        return
+    except SlurmError as exc:
+        # The job may have started meanwhile; the next tick sees the truth.
+        log.warning("recovery action failed: %s (%s)", exc, exc.stderr.strip())
+    for job_id, attempt_id in plan.sbatch:
+        try:
+            sbatch_attempt(svc, job_id, attempt_id)
+        except SlurmUnavailable as exc:
+            svc.slurm_down(now, str(exc))
+            return
+        except SlurmError as exc:
+            with svc.tx() as s:
+                job = s.get(Job, job_id)
+                att = s.get(Attempt, attempt_id)
+                assert job is not None and att is not None
+                att.state = AttemptState.FAILED.value
+                att.ended_at = now
+                store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the resubmission: {exc.stderr.strip()}", now=now)
+                job.finished_at = now
+
+
+def _mark_unknown(svc: Services, now: datetime, why: str) -> None:
+    with svc.tx() as s:
+        for job, _ in active_with_latest(s):
+            if job.state in (JobState.PENDING.value, JobState.RUNNING.value, JobState.HELD.value, JobState.RECOVERING.value):
+                store.set_job_state(s, job, JobState.UNKNOWN, why, now=now)

@@ -1,0 +1,185 @@
+"""Submit: validate, place, record the intent, sbatch as the caller, record the outcome.
+
+Intent before action (principle 4): the job and its first attempt are stored
+with a unique key *before* sbatch runs, and the key travels in the Slurm job's
+name and comment. If the daemon dies between sbatch and the commit, the next
+reconcile tick finds the Slurm job by its key and adopts it instead of
+submitting again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any
+
+from broker.api import Caller
+from broker.db import store
+from broker.db.models import Attempt, Job
+from broker.errors import PermissionDenied, SlurmError, SlurmUnavailable, SpecError
+from broker.service.context import Services
+from broker.service.placement import capacity_of_partition, job_view, market_view
+from broker.service.views import job_summary
+from broker.slurm.backend import SubmitRequest
+from broker.slurm.script import render_script
+from broker.spec import JobSpec, parse_spec, spec_from_dict, spec_to_dict
+from broker.states import AttemptState, JobState
+
+log = logging.getLogger(__name__)
+
+
+def new_key() -> str:
+    return "gb-" + secrets.token_hex(6)
+
+
+def slurm_name(key: str, attempt_number: int) -> str:
+    """The Slurm job name of an sbatch made for `attempt_number` of job `key`."""
+    return f"{key}-{attempt_number}"
+
+
+def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str, Any]:
+    now = svc.clock.now()
+    if not isinstance(spec_data, dict):
+        raise SpecError("the job spec must be a table of fields")
+    spec = parse_spec(
+        spec_data,
+        now=now,
+        partitions=svc.settings.partitions,
+        max_gpus_per_node=svc.settings.max_gpus_per_node,
+        max_nodes=svc.settings.max_nodes,
+    )
+    _check_can_submit(svc, caller)
+
+    if spec.partition:
+        partition = spec.partition
+        capacity = capacity_of_partition(svc.settings, partition)
+        placed_by = "user"
+    else:
+        placement = svc.policy.place(job_view(spec, now=now), market_view(svc))
+        capacity = placement.capacity.value if placement.capacity.value != "none" else "spot"
+        partition = svc.settings.partition_for(capacity)
+        placed_by = f"{svc.policy.name}: {placement.reason}"
+
+    key = new_key()
+    with svc.tx() as s:
+        job = store.create_job(
+            s,
+            key=key,
+            owner_uid=caller.uid,
+            owner_name=caller.name,
+            group_name=spec.group,
+            name=spec.name,
+            kind=spec.kind,
+            spec_json=json.dumps(spec_to_dict(spec)),
+            placement_policy=svc.policy.name,
+            capacity=capacity,
+            partition=partition,
+            deadline=spec.deadline,
+            now=now,
+        )
+        attempt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
+        store.add_event(s, job.id, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now)
+        job_id, attempt_id = job.id, attempt.id
+    svc.crash.reach("after_intent")
+
+    note = ""
+    try:
+        slurm_id = sbatch_attempt(svc, job_id, attempt_id)
+    except SlurmUnavailable as exc:
+        slurm_id = None
+        note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
+        log.warning("submit of job %s deferred: %s", job_id, exc)
+    except SlurmError as exc:
+        # Slurm refused it (bad account, partition...): nothing is left half-created.
+        with svc.tx() as s:
+            store.delete_job(s, job_id)
+            store.add_event(s, None, "refused", f"{caller.name}: sbatch refused: {exc.stderr.strip()}", now=now)
+        raise SpecError(
+            f"Slurm refused the job: {exc.stderr.strip() or exc.message}",
+            hint="check --group (your Slurm account) and the partition; nothing was submitted",
+        ) from None
+    with svc.sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        result = job_summary(s, job, now)
+    if note:
+        result["note"] = note
+    result["slurm_job_id"] = slurm_id
+    return result
+
+
+def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
+    """sbatch one stored attempt (state SUBMITTING) and record the Slurm job id.
+
+    Raises SlurmUnavailable (the attempt stays SUBMITTING, to be adopted or
+    retried by the reconcile tick) or SlurmError.
+    """
+    with svc.sessions() as s:
+        job = s.get(Job, job_id)
+        attempt = s.get(Attempt, attempt_id)
+        assert job is not None and attempt is not None
+        spec = spec_from_dict(json.loads(job.spec_json))
+        request = build_request(svc, job, attempt, spec)
+    svc.inflight.add(attempt_id)
+    try:
+        slurm_id = svc.backend.submit(request)
+    except BaseException:
+        svc.inflight.discard(attempt_id)
+        raise
+    svc.crash.reach("after_sbatch")
+    now = svc.clock.now()
+    with svc.tx() as s:
+        job = s.get(Job, job_id)
+        attempt = s.get(Attempt, attempt_id)
+        assert job is not None and attempt is not None
+        attempt.slurm_job_id = slurm_id
+        attempt.state = AttemptState.PENDING.value
+        if job.state in (JobState.ADMITTED.value, JobState.RECOVERING.value, JobState.UNKNOWN.value):
+            store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
+        store.add_event(s, job.id, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}", now=now)
+    svc.inflight.discard(attempt_id)
+    svc.crash.reach("after_commit")
+    return slurm_id
+
+
+def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
+    script = render_script(
+        spec,
+        job_id=job.id,
+        attempt=attempt.number,
+        resume_from=spec.checkpoint_dir if attempt.number > 1 else None,
+    )
+    run_as = job.owner_name if _daemon_is_root() else None
+    return SubmitRequest(
+        script=script,
+        partition=attempt.partition,
+        job_name=slurm_name(job.key, attempt.number),
+        comment=job.key,
+        account=spec.group,
+        user=run_as,
+        workdir=spec.workdir,
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        time_limit_s=spec.time_limit_s,
+        output=f"{spec.workdir}/gbroker-{job.id}.out",
+        requeue=attempt.capacity == "spot",
+        env=dict(spec.env),
+        signal=f"B:USR1@{spec.signal_lead_s}",
+    )
+
+
+def _daemon_is_root() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+def _check_can_submit(svc: Services, caller: Caller) -> None:
+    import os
+
+    if os.geteuid() != 0 and caller.uid != os.geteuid():
+        raise PermissionDenied(
+            f"this gbroker daemon runs as uid {os.geteuid()} and can only submit jobs for that user",
+            hint="ask an admin to run the daemon as root so jobs run as their submitters",
+        )

@@ -1,0 +1,82 @@
+"""Jobs as plain dicts for the socket API (the CLI never sees ORM objects)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.db.models import Attempt, Event, Job
+
+
+def _iso(dt: datetime | None) -> str | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(job: Job, now: datetime) -> int:
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=timezone.utc)
+    return max(0, int((now - created).total_seconds()))
+
+
+def job_summary(session: Session, job: Job, now: datetime) -> dict[str, Any]:
+    last = session.execute(
+        select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number.desc()).limit(1)
+    ).scalar_one_or_none()
+    count = session.execute(select(func.count()).where(Attempt.job_id == job.id)).scalar_one()
+    return {
+        "id": job.id,
+        "key": job.key,
+        "name": job.name,
+        "kind": job.kind,
+        "owner": job.owner_name,
+        "owner_uid": job.owner_uid,
+        "group": job.group_name,
+        "state": job.state,
+        "reason": job.reason or "",
+        "capacity": job.capacity,
+        "partition": job.partition,
+        "policy": job.placement_policy,
+        "reclaims": job.reclaims,
+        "failures": job.failures,
+        "attempts": count,
+        "slurm_job_id": last.slurm_job_id if last else None,
+        "deadline": _iso(job.deadline),
+        "created_at": _iso(job.created_at),
+        "finished_at": _iso(job.finished_at),
+        "age_s": _age(job, now),
+    }
+
+
+def attempt_dict(a: Attempt) -> dict[str, Any]:
+    return {
+        "number": a.number,
+        "slurm_job_id": a.slurm_job_id,
+        "partition": a.partition,
+        "capacity": a.capacity,
+        "state": a.state,
+        "nodes": a.nodes,
+        "submitted_at": _iso(a.submitted_at),
+        "started_at": _iso(a.started_at),
+        "ended_at": _iso(a.ended_at),
+        "exit_code": a.exit_code,
+        "lost_s": a.lost_s,
+    }
+
+
+def job_detail(session: Session, job: Job, now: datetime) -> dict[str, Any]:
+    out = job_summary(session, job, now)
+    attempts = session.execute(
+        select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)
+    ).scalars()
+    out["attempts"] = [attempt_dict(a) for a in attempts]
+    events = session.execute(
+        select(Event).where(Event.job_id == job.id).order_by(Event.id)
+    ).scalars()
+    out["events"] = [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events]
+    return out

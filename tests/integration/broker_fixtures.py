@@ -1,0 +1,159 @@
+"""A real gbroker daemon against the real dev cluster, and a CLI run as a real user.
+
+The daemon runs as root (as in production), so jobs run as their submitters;
+the CLI is run as the Unix user alice/bob/carol, so the daemon learns who they
+are from the kernel, exactly as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@dataclass
+class BrokerDaemon:
+    workdir: Path
+    socket: str
+    db_url: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, **extra_env: str) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "daemon already running"
+        env = dict(self.env, **extra_env)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "--socket", self.socket, "daemon", "--log-level", "DEBUG"],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                if extra_env.get("GBROKER_CRASH_AT"):
+                    return
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log_tail()}")
+            if os.path.exists(self.socket) and self.cli("status", user="root").code == 0:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"daemon did not come up:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def cli(self, *args: str, user: str = "alice", cwd: str | Path | None = None, timeout: float = 60) -> CliResult:
+        """Run `gbroker ARGS` as a real Unix user."""
+        kwargs: dict[str, Any] = {}
+        env = dict(self.env)
+        if user != "root":
+            pw = pwd.getpwnam(user)
+            kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+            env["HOME"] = pw.pw_dir
+            env["USER"] = env["LOGNAME"] = user
+        p = subprocess.run(
+            [sys.executable, "-m", "broker", "--socket", self.socket, *args],
+            cwd=str(cwd or self.workdir),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kwargs,
+        )
+        return CliResult(p.returncode, p.stdout, p.stderr)
+
+    def show(self, job_id: int, user: str = "alice") -> dict[str, Any]:
+        r = self.cli("show", str(job_id), "--json", user=user)
+        assert r.code == 0, r.err
+        return r.json()
+
+    def wait_job(
+        self, job_id: int, pred: Callable[[dict[str, Any]], bool], timeout: float = 180, user: str = "alice"
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        job: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            job = self.show(job_id, user=user)
+            if pred(job):
+                return job
+            time.sleep(1)
+        raise AssertionError(f"job {job_id} did not reach the wanted state in {timeout}s: {job}\n{self.log_tail()}")
+
+
+def user_dir(base: Path, user: str) -> Path:
+    """A directory the job's user can write (jobs run as that user)."""
+    pw = pwd.getpwnam(user)
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o755)
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    return base
+
+
+@pytest.fixture
+def broker_daemon(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("broker")
+    os.chmod(work, 0o755)
+    env = dict(os.environ)
+    env.update(slurm_cluster.env)
+    env.update(
+        {
+            "GBROKER_DB_URL": f"sqlite:///{work}/gbroker.db",
+            "GBROKER_TICK_SECONDS": "1",
+            "GBROKER_CONFIG": str(work / "none.toml"),
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    d = BrokerDaemon(
+        workdir=user_dir(work / "jobs", "alice"),
+        socket=str(work / "gbroker.sock"),
+        db_url=env["GBROKER_DB_URL"],
+        env=env,
+        log_path=work / "daemon.log",
+    )
+    d.start()
+    yield d
+    d.stop()

@@ -1,0 +1,157 @@
+"""The broker core on the real dev cluster: submit, track, reclaim, resume, crash, outage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from broker_fixtures import REPO, broker_daemon, user_dir  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slurm
+
+
+def _squeue_names(env: dict[str, str]) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def _running_on(job: dict) -> str:
+    return job["attempts"][-1]["nodes"]
+
+
+def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_cluster, tmp_path_factory):
+    d = broker_daemon
+    base = user_dir(tmp_path_factory.mktemp("ft"), "alice")
+    ck, out = base / "ck", base / "result.json"
+    r = d.cli(
+        "submit", "--json", "--group", "vision", "--kind", "finetune", "--gpus", "1", "--time", "30m",
+        "--checkpoint-dir", str(ck), "--checkpoint-style", "signal", "--name", "ft-reclaim",
+        "--", "python3", str(REPO / "examples" / "finetune.py"),
+        "--steps", "30", "--step-seconds", "1", "--every", "1", "--out", str(out),
+    )
+    assert r.code == 0, r.err
+    job_id = r.json()["id"]
+    assert r.json()["capacity"] == "spot"
+
+    def manifest_step() -> int:
+        try:
+            m = json.loads((ck / "gbroker-checkpoint.json").read_text())
+            return json.loads((ck / m["file"]).read_text())["step"]
+        except (OSError, ValueError, KeyError):
+            return -1
+
+    for n in (1, 2):
+        job = d.wait_job(job_id, lambda j: j["state"] == "running" and len(j["attempts"]) == n, timeout=180)
+        node = _running_on(job)
+        before = manifest_step()
+        deadline = time.monotonic() + 60
+        while manifest_step() < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert manifest_step() >= before + 4, "the job did not make progress before the reclaim"
+        slurm_cluster.reclaim(node)
+
+    job = d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=300)
+    outcomes = [a["state"] for a in job["attempts"]]
+    assert outcomes == ["reclaimed", "reclaimed", "completed"], job
+    assert all(a["capacity"] == "spot" for a in job["attempts"])
+    result = json.loads(out.read_text())
+    assert result["step"] == 30
+    starts = [a["from_step"] for a in result["attempts"]]
+    assert len(starts) == 3 and starts[0] == 0
+    assert 0 < starts[1] < starts[2] < 30, f"did not resume from checkpoints: {starts}"
+    # Lost work is accounted per reclaimed attempt, and small thanks to the 1 s checkpoints.
+    assert all(a["lost_s"] is not None and a["lost_s"] <= 10 for a in job["attempts"][:2]), job["attempts"]
+    shown = d.cli("show", str(job_id))
+    assert shown.code == 0 and shown.out.count("reclaimed") >= 2
+
+
+def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_cluster, tmp_path_factory):
+    d = broker_daemon
+    base = user_dir(tmp_path_factory.mktemp("od"), "carol")
+    r = d.cli(
+        "submit", "--json", "--group", "climate", "--kind", "simulation", "--gpus", "4",
+        "--no-interruptible", "--time", "10m", "--", "sleep", "25", user="carol", cwd=base,
+    )
+    assert r.code == 0, r.err
+    job_id = r.json()["id"]
+    assert (r.json()["capacity"], r.json()["partition"]) == ("ondemand", "ondemand")
+    job = d.wait_job(job_id, lambda j: j["state"] == "running", user="carol")
+    assert _running_on(job).startswith("od")
+    # Reclaim every spot node that is up: none of them may touch this job.
+    for node in slurm_cluster.nodes_up("spot"):
+        slurm_cluster.reclaim(node)
+    job = d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=120, user="carol")
+    assert [a["state"] for a in job["attempts"]] == ["completed"]
+    assert job["reclaims"] == 0
+
+
+def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_cluster):
+    d = broker_daemon
+    d.stop()
+    d.start(GBROKER_CRASH_AT="after_sbatch")
+    r = d.cli("submit", "--json", "--group", "vision", "--name", "crashy", "--time", "10m", "--", "sleep", "20")
+    assert r.code != 0, "the daemon should have died mid-submit"
+    assert d.proc is not None
+    d.proc.wait(15)
+    assert d.proc.returncode == 137
+    d.proc = None
+    d.start()
+    deadline = time.monotonic() + 30
+    jobs: list = []
+    while time.monotonic() < deadline:
+        r = d.cli("history", "--json")
+        jobs = [j for j in r.json() if j["name"] == "crashy"]
+        if jobs and jobs[0]["slurm_job_id"]:
+            break
+        time.sleep(1)
+    assert len(jobs) == 1 and jobs[0]["slurm_job_id"], jobs
+    key = jobs[0]["key"]
+    time.sleep(3)  # a few more ticks: adoption must not submit again
+    names = [n for n in _squeue_names(slurm_cluster.env) if n.startswith(key)]
+    acct = subprocess.run(
+        ["sacct", "-a", "-X", "-n", "-P", "-o", "JobID,JobName", "-S", "now-1hours"],
+        env=slurm_cluster.env, capture_output=True, text=True, check=True,
+    ).stdout
+    assert len({line.split("|")[0] for line in acct.splitlines() if key in line} | set()) <= 1
+    assert len(names) <= 1
+    job = d.show(jobs[0]["id"])
+    assert len(job["attempts"]) == 1
+    assert any(e["kind"] == "adopted" for e in job["events"]), job["events"]
+    d.wait_job(jobs[0]["id"], lambda j: j["state"] == "completed", timeout=120)
+
+
+def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, slurm_cluster):
+    d = broker_daemon
+    ids = []
+    for seconds in ("40", "90"):
+        r = d.cli("submit", "--json", "--group", "vision", "--time", "10m", "--", "sleep", seconds)
+        assert r.code == 0, r.err
+        ids.append(r.json()["id"])
+    for job_id in ids:
+        d.wait_job(job_id, lambda j: j["state"] == "running")
+    slurm_cluster.stop_controller()
+    try:
+        t_end = time.monotonic() + 60
+        seen = set()
+        while time.monotonic() < t_end:
+            for job_id in ids:
+                state = d.show(job_id)["state"]
+                seen.add(state)
+                assert state not in ("failed", "completed", "cancelled"), state
+            time.sleep(3)
+        assert "unknown" in seen
+        # The CLI still answers, and a submit is stored, not lost.
+        r = d.cli("submit", "--json", "--group", "vision", "--time", "5m", "--", "sleep", "5")
+        assert r.code == 0, r.err
+        assert "unreachable" in r.json().get("note", "")
+        ids.append(r.json()["id"])
+    finally:
+        slurm_cluster.start_controller()
+    for job_id in ids:
+        d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=240)
+    for job_id in ids:
+        assert d.show(job_id)["attempts"][-1]["state"] == "completed"
