@@ -1,0 +1,215 @@
+"""The contract between gbroker and Slurm.
+
+::
+
+    service layer ──► Backend ──► (CLI tools | pyslurm) ──► slurmctld / slurmdbd
+                        │
+                        ├─ submit(SubmitRequest) -> job id         (sbatch, as the user)
+                        ├─ jobs()     -> [SlurmJob]   ONE squeue call, filtered in Python
+                        ├─ history()  -> [SacctRow]   ONE sacct call, every attempt
+                        ├─ cancel/hold/release/requeue/start_now(ids)   ONE call per list
+                        ├─ update(job_id, partition=...)
+                        ├─ nodes()    -> [NodeInfo]   ONE sinfo call
+                        ├─ power_down/power_up(names)  ONE call per list
+                        └─ ping()     -> bool
+
+Rules every backend keeps:
+
+* Read calls are batched: one Slurm call per method call, whatever the
+  number of jobs; the reconcile tick must cost O(1) Slurm calls.
+* Times are timezone-aware UTC datetimes, or None when Slurm has none.
+* State strings are mapped by :mod:`broker.slurm.statemap` only; the raw
+  string travels along (``state_raw``) for logs and reports.
+* A controller that does not answer raises SlurmUnavailable ("unknown");
+  a refusal raises SlurmError carrying Slurm's own message.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from broker.states import AttemptState, NodeState
+
+UPDATE_FIELDS: dict[str, str] = {
+    "partition": "Partition",
+    "account": "Account",
+    "comment": "Comment",
+    "job_name": "JobName",
+    "nodes": "NumNodes",
+    "constraint": "Features",
+    "time_limit_s": "TimeLimit",
+    "gpus_per_node": "Gres",
+}
+"""Fields :meth:`Backend.update` accepts, and the ``scontrol update job`` key for each."""
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One sbatch. Every option goes on the command line, so it overrides any
+    ``#SBATCH`` line in the script; the script text goes on stdin."""
+
+    script: str
+    partition: str
+    job_name: str
+    comment: str
+    account: str | None
+    user: str | None
+    workdir: str
+    nodes: int
+    gpus_per_node: int
+    time_limit_s: int
+    output: str | None = None
+    requeue: bool = True
+    hold: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    constraint: str | None = None
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A job as the controller sees it now (from squeue).
+
+    ``restarts`` is Slurm's restart count (squeue ``RestartCnt``): how many
+    times the job was requeued, i.e. the zero-based index of its current
+    attempt.
+    """
+
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state_raw: str
+    state: AttemptState
+    reason: str
+    nodes: list[str]
+    restarts: int
+    comment: str
+    submit_time: datetime | None
+    start_time: datetime | None
+    time_limit_s: int | None
+
+
+@dataclass(frozen=True)
+class SacctRow:
+    """One attempt of a job from accounting (``sacct --duplicates -X``).
+
+    A requeued job has one row per attempt with the same ``job_id``;
+    ``restarts`` is the attempt's zero-based index among those rows (sacct
+    has no restart-count column, so it is derived from row order by submit
+    and start time).
+    """
+
+    job_id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state_raw: str
+    state: AttemptState
+    nodelist: list[str]
+    submit: datetime | None
+    start: datetime | None
+    end: datetime | None
+    elapsed_s: int
+    alloc_gpus: int
+    exit_code: int
+    exit_signal: int
+    comment: str
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node, merged over all partitions it belongs to."""
+
+    name: str
+    state_raw: str
+    state: NodeState
+    partitions: list[str]
+    features: list[str]
+    gpus: int
+    reason: str
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def powered_down(self) -> bool:
+        return self.state is NodeState.POWERED_DOWN
+
+    @property
+    def powering_up(self) -> bool:
+        return self.state is NodeState.POWERING_UP
+
+    @property
+    def idle(self) -> bool:
+        return self.state is NodeState.IDLE
+
+
+class Backend(abc.ABC):
+    """How gbroker talks to Slurm. See the module docstring for the rules."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def submit(self, req: SubmitRequest) -> int:
+        """Queue one batch job (as ``req.user`` when given); return its job id."""
+
+    @abc.abstractmethod
+    def jobs(
+        self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
+    ) -> list[SlurmJob]:
+        """Jobs the controller knows, in one call; filters apply in Python."""
+
+    @abc.abstractmethod
+    def history(
+        self, job_ids: Iterable[int] | None = None, since: datetime | None = None
+    ) -> list[SacctRow]:
+        """Every attempt from accounting for all users, in one call.
+
+        ``since`` bounds the window; None with ``job_ids`` means all time,
+        None without ``job_ids`` also means all time (pass ``since``).
+        """
+
+    @abc.abstractmethod
+    def cancel(self, job_ids: Iterable[int]) -> None:
+        """Cancel jobs (one call for the whole list)."""
+
+    @abc.abstractmethod
+    def hold(self, job_ids: Iterable[int]) -> None:
+        """Hold pending jobs so they do not start (admin hold when run as root)."""
+
+    @abc.abstractmethod
+    def release(self, job_ids: Iterable[int]) -> None:
+        """Release held jobs."""
+
+    @abc.abstractmethod
+    def requeue(self, job_ids: Iterable[int]) -> None:
+        """Put running jobs back in the queue (a new attempt follows)."""
+
+    @abc.abstractmethod
+    def start_now(self, job_ids: Iterable[int]) -> None:
+        """Clear the begin time so requeued jobs may start at once (no 2-minute wait)."""
+
+    @abc.abstractmethod
+    def update(self, job_id: int, **fields: object) -> None:
+        """Change a job: keys from :data:`UPDATE_FIELDS` (e.g. ``partition=``)."""
+
+    @abc.abstractmethod
+    def nodes(self) -> list[NodeInfo]:
+        """Every node, in one call."""
+
+    @abc.abstractmethod
+    def power_down(self, names: Iterable[str], force: bool = False) -> None:
+        """Ask Slurm to power nodes down (``force`` kills what runs there)."""
+
+    @abc.abstractmethod
+    def power_up(self, names: Iterable[str]) -> None:
+        """Ask Slurm to power nodes up."""
+
+    @abc.abstractmethod
+    def ping(self) -> bool:
+        """True when the controller answers."""

@@ -1,0 +1,316 @@
+"""The Backend on Slurm's own command-line tools, through the one runner.
+
+Only machine-readable output is read (``-O``/``-P`` formats with control
+character separators, see :mod:`broker.slurm.parse`), and only options both
+Slurm 22.05 and 24.11 have. Query commands run with ``TZ=UTC`` and
+``SLURM_TIME_FORMAT=standard`` so every time Slurm prints is ISO UTC.
+SLURM_CONF comes from the environment, like every other Slurm client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from broker.errors import SlurmError, SpecError
+from broker.slurm import parse
+from broker.slurm.backend import UPDATE_FIELDS, Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
+from broker.slurm.hostlist import compress
+from broker.slurm.runner import RunFn, Runner
+
+log = logging.getLogger(__name__)
+
+# Variables that change what Slurm clients print or do behind our options' back.
+_CLIENT_ENV_PREFIXES = ("SQUEUE_", "SINFO_", "SACCT_", "SBATCH_", "SCONTROL_", "SCANCEL_")
+_CLIENT_ENV_EXACT = frozenset({"SLURM_CLUSTERS", "SLURM_TIME_FORMAT", "TZ"})
+
+# Variables a submitted job inherits from the daemon; everything else comes from the request.
+_SUBMIT_BASE_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+
+# Errors that only say "that job is already gone": cancelling it again is a no-op.
+_ALREADY_DONE = (
+    "already completing or completed",
+    "job/step already completing",
+    "invalid job id specified",
+    "job has already finished",
+)
+
+
+def _ids(job_ids: Iterable[int]) -> list[str]:
+    out = []
+    for jid in job_ids:
+        if isinstance(jid, bool) or not isinstance(jid, int) or jid <= 0:
+            raise ValueError(f"not a Slurm job id: {jid!r}")
+        out.append(str(jid))
+    return out
+
+
+def _fmt_time(t: datetime) -> str:
+    """A time sacct reads; we run it with TZ=UTC, so give it UTC wall time."""
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC).replace(tzinfo=None)
+    return t.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def time_limit_minutes(seconds: int) -> int:
+    """Slurm limits are whole minutes; round up so a job never gets less than asked."""
+    if seconds <= 0:
+        raise SpecError(f"time limit must be positive, got {seconds}s")
+    return max(1, math.ceil(seconds / 60))
+
+
+class CliBackend(Backend):
+    """Slurm through squeue/sacct/sinfo/sbatch/scontrol/scancel."""
+
+    name = "cli"
+
+    def __init__(
+        self,
+        runner: RunFn | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        query_timeout_s: float = 30.0,
+        submit_timeout_s: float = 60.0,
+    ) -> None:
+        self.runner: RunFn = runner if runner is not None else Runner()
+        self._environ = environ
+        self.query_timeout_s = query_timeout_s
+        self.submit_timeout_s = submit_timeout_s
+
+    @property
+    def calls(self):  # type: ignore[no-untyped-def]
+        """The runner's call counter (how many Slurm commands ran)."""
+        return self.runner.counter
+
+    # -- environments -----------------------------------------------------
+
+    def _base_environ(self) -> Mapping[str, str]:
+        return os.environ if self._environ is None else self._environ
+
+    def query_env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in self._base_environ().items()
+            if not k.startswith(_CLIENT_ENV_PREFIXES) and k not in _CLIENT_ENV_EXACT
+        }
+        env["TZ"] = "UTC"
+        env["SLURM_TIME_FORMAT"] = "standard"
+        return env
+
+    def submit_env(self, req: SubmitRequest) -> dict[str, str]:
+        """The submitted job's environment: a few basics plus what the request names.
+
+        Never the daemon's own variables (database passwords, tokens...).
+        """
+        base = self._base_environ()
+        env = {k: base[k] for k in _SUBMIT_BASE_ENV if k in base}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        for key, value in req.env.items():
+            if not _ENV_NAME.match(key) or key.startswith(_RESERVED_ENV_PREFIXES):
+                raise SpecError(
+                    f"environment variable name {key!r} is not allowed",
+                    hint="use letters, digits and '_' and do not start with SLURM_ or SBATCH_",
+                )
+            if "\0" in value:
+                raise SpecError(f"environment variable {key} contains a NUL byte")
+            env[key] = value
+        return env
+
+    def _query(self, argv: list[str]) -> str:
+        return self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env()).stdout
+
+    def _control(self, argv: list[str]) -> None:
+        self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env())
+
+    # -- submit -----------------------------------------------------------
+
+    def sbatch_argv(self, req: SubmitRequest) -> list[str]:
+        """The sbatch command line for ``req`` (public so tests can read it)."""
+        for label, value in (("partition", req.partition), ("job name", req.job_name),
+                             ("comment", req.comment), ("workdir", req.workdir)):  # fmt: skip
+            if "\n" in value or "\0" in value:
+                raise SpecError(f"{label} must be one line of text")
+        if req.nodes < 1:
+            raise SpecError(f"a job needs at least one node, got {req.nodes}")
+        if req.gpus_per_node < 0:
+            raise SpecError(f"gpus per node cannot be negative, got {req.gpus_per_node}")
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--partition={req.partition}",
+            f"--job-name={req.job_name}",
+            f"--comment={req.comment}",
+            f"--chdir={req.workdir}",
+            f"--nodes={req.nodes}",
+            f"--time={time_limit_minutes(req.time_limit_s)}",
+            "--requeue" if req.requeue else "--no-requeue",
+            "--export=ALL",
+        ]
+        if req.account:
+            argv.append(f"--account={req.account}")
+        if req.gpus_per_node > 0:
+            argv.append(f"--gres=gpu:{req.gpus_per_node}")
+        if req.output:
+            argv.append(f"--output={req.output}")
+        if req.hold:
+            argv.append("--hold")
+        if req.constraint:
+            argv.append(f"--constraint={req.constraint}")
+        if req.signal:
+            argv.append(f"--signal={req.signal}")
+        return argv
+
+    def submit(self, req: SubmitRequest) -> int:
+        argv = self.sbatch_argv(req)
+        result = self.runner.run(
+            argv,
+            timeout_s=self.submit_timeout_s,
+            env=self.submit_env(req),
+            user=req.user,
+            input=req.script,
+        )
+        try:
+            return parse.parse_sbatch_parsable(result.stdout)
+        except ValueError as exc:
+            raise SlurmError(str(exc), argv=argv, returncode=0, stderr=result.stderr) from None
+
+    # -- reads ------------------------------------------------------------
+
+    def jobs(
+        self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
+    ) -> list[SlurmJob]:
+        out = self._query(
+            [
+                "squeue",
+                "--all",
+                "--array",
+                "--noheader",
+                "--states=all",
+                f"--Format={parse.long_format(parse.SQUEUE_FIELDS)}",
+            ]
+        )
+        jobs = parse.parse_squeue(out)
+        if job_ids is not None:
+            wanted = set(job_ids)
+            jobs = [j for j in jobs if j.job_id in wanted]
+        if name_prefix is not None:
+            jobs = [j for j in jobs if j.name.startswith(name_prefix)]
+        return jobs
+
+    def history(
+        self, job_ids: Iterable[int] | None = None, since: datetime | None = None
+    ) -> list[SacctRow]:
+        argv = [
+            "sacct", "--allusers", "--allocations", "--duplicates", "--noheader",
+            "--parsable2", f"--delimiter={parse.FS}",
+            f"--format={','.join(parse.SACCT_FIELDS)}",
+            f"--starttime={_fmt_time(since) if since else '1970-01-01T00:00:00'}",
+            "--endtime=now",
+        ]  # fmt: skip
+        ids = _ids(job_ids) if job_ids is not None else None
+        if ids is not None:
+            if not ids:
+                return []
+            argv.append(f"--jobs={','.join(ids)}")
+        return parse.parse_sacct(self._query(argv))
+
+    def nodes(self) -> list[NodeInfo]:
+        out = self._query(
+            [
+                "sinfo",
+                "--all",
+                "--Node",
+                "--noheader",
+                f"--Format={parse.long_format(parse.SINFO_FIELDS)}",
+            ]
+        )
+        return parse.parse_sinfo(out)
+
+    def ping(self) -> bool:
+        try:
+            out = self._query(["scontrol", "ping"])
+        except SlurmError:
+            return False
+        return " is UP" in out
+
+    # -- job control ------------------------------------------------------
+
+    def cancel(self, job_ids: Iterable[int]) -> None:
+        ids = _ids(job_ids)
+        if not ids:
+            return
+        argv = ["scancel", *ids]
+        try:
+            result = self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env())
+        except SlurmError as exc:
+            if type(exc) is SlurmError and self._only_already_done(exc.stderr):
+                log.debug("scancel: some jobs were already gone: %s", exc.stderr.strip())
+                return
+            raise
+        if result.stderr.strip() and not self._only_already_done(result.stderr):
+            log.warning("scancel reported: %s", result.stderr.strip())
+
+    @staticmethod
+    def _only_already_done(stderr: str) -> bool:
+        lines = [ln.lower() for ln in stderr.splitlines() if ln.strip()]
+        return bool(lines) and all(any(p in ln for p in _ALREADY_DONE) for ln in lines)
+
+    def hold(self, job_ids: Iterable[int]) -> None:
+        self._job_list_command("hold", job_ids)
+
+    def release(self, job_ids: Iterable[int]) -> None:
+        self._job_list_command("release", job_ids)
+
+    def requeue(self, job_ids: Iterable[int]) -> None:
+        self._job_list_command("requeue", job_ids)
+
+    def _job_list_command(self, verb: str, job_ids: Iterable[int]) -> None:
+        ids = _ids(job_ids)
+        if ids:
+            self._control(["scontrol", verb, ",".join(ids)])
+
+    def start_now(self, job_ids: Iterable[int]) -> None:
+        ids = _ids(job_ids)
+        if ids:
+            self._control(["scontrol", "update", f"JobId={','.join(ids)}", "StartTime=now"])
+
+    def update(self, job_id: int, **fields: object) -> None:
+        (jid,) = _ids([job_id])
+        if not fields:
+            return
+        pairs = []
+        for key, value in fields.items():
+            slurm_key = UPDATE_FIELDS.get(key)
+            if slurm_key is None:
+                raise ValueError(
+                    f"cannot update job field {key!r}; valid: {', '.join(sorted(UPDATE_FIELDS))}"
+                )
+            if key == "time_limit_s":
+                text = str(time_limit_minutes(int(value)))  # type: ignore[call-overload]
+            elif key == "gpus_per_node":
+                text = f"gpu:{int(value)}"  # type: ignore[call-overload]
+            else:
+                text = str(value)
+            if "\n" in text or "\0" in text:
+                raise SpecError(f"{key} must be one line of text")
+            pairs.append(f"{slurm_key}={text}")
+        self._control(["scontrol", "update", f"JobId={jid}", *pairs])
+
+    # -- nodes ------------------------------------------------------------
+
+    def power_down(self, names: Iterable[str], force: bool = False) -> None:
+        names = list(names)
+        if names:
+            state = "POWER_DOWN_FORCE" if force else "POWER_DOWN"
+            self._control(["scontrol", "update", f"NodeName={compress(names)}", f"State={state}"])
+
+    def power_up(self, names: Iterable[str]) -> None:
+        names = list(names)
+        if names:
+            self._control(["scontrol", "update", f"NodeName={compress(names)}", "State=POWER_UP"])

@@ -1,0 +1,270 @@
+"""Pure parsers for the machine-readable output of squeue, sacct, sinfo and sbatch.
+
+Kept apart from the code that runs the commands so unit tests feed them
+recorded real output. The formats they read are defined next to them
+(``SQUEUE_FIELDS`` ...), using only fields and options that both Slurm
+22.05 and 24.11 have.
+
+Fields are separated by ASCII unit separators (0x1F) and, where Slurm
+lets us, records end with an ASCII record separator (0x1E): job names and
+comments may contain ``|``, spaces or even newlines; they never contain
+these control characters in practice, and a record that does not parse is
+skipped with a warning rather than guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime
+
+from broker.slurm import hostlist, statemap
+from broker.slurm.backend import NodeInfo, SacctRow, SlurmJob
+
+log = logging.getLogger(__name__)
+
+FS = "\x1f"  # field separator
+RS = "\x1e"  # record separator (squeue/sinfo -O suffix on the last field)
+
+SQUEUE_FIELDS: tuple[str, ...] = (
+    "JobID", "Name", "UserName", "Account", "Partition", "State", "Reason",
+    "NodeList", "RestartCnt", "SubmitTime", "StartTime", "TimeLimit", "Comment",
+)  # fmt: skip
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobIDRaw", "JobName", "User", "Account", "Partition", "State", "NodeList",
+    "Submit", "Start", "End", "ElapsedRaw", "AllocTRES", "ExitCode", "Comment",
+)  # fmt: skip
+SINFO_FIELDS: tuple[str, ...] = (
+    "NodeList", "StateComplete", "PartitionName", "Features", "Gres", "Reason",
+)  # fmt: skip
+
+_NO_VALUE = frozenset({"", "n/a", "none", "unknown", "(null)", "null", "not_set", "invalid"})
+
+
+def long_format(fields: tuple[str, ...]) -> str:
+    """An ``-O/--Format`` spec: size 0 means "print it whole" (no padding, no cut)."""
+    specs = [f"{name}:0{FS}" for name in fields[:-1]] + [f"{fields[-1]}:0{RS}"]
+    return ",".join(specs)
+
+
+def _text(value: str) -> str:
+    return "" if value.strip().lower() in _NO_VALUE else value.strip()
+
+
+def parse_time(value: str) -> datetime | None:
+    """Slurm's ISO time (``SLURM_TIME_FORMAT=standard``, ``TZ=UTC``) -> aware UTC."""
+    v = value.strip()
+    if v.lower() in _NO_VALUE:
+        return None
+    try:
+        parsed = datetime.fromisoformat(v)
+    except ValueError:
+        log.warning("unreadable Slurm time %r; treating it as unknown", value)
+        return None
+    if parsed.year < 1971:  # Slurm prints the epoch for "never"
+        return None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+def parse_duration_s(value: str) -> int | None:
+    """``1-02:03:04`` / ``02:03:04`` / ``03:04`` / ``1-02`` / ``90`` (minutes) -> seconds.
+
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and friends -> None.
+    """
+    v = value.strip()
+    if v.lower() in _NO_VALUE or v.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT"):
+        return None
+    days = 0
+    rest = v
+    has_days = "-" in v
+    if has_days:
+        d, rest = v.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 3:
+        h, m, s = parts
+    elif len(parts) == 2:
+        if has_days:
+            h, m, s = parts[0], parts[1], 0
+        else:
+            h, m, s = 0, parts[0], parts[1]
+    elif len(parts) == 1:
+        h, m, s = (parts[0], 0, 0) if has_days else (0, parts[0], 0)
+    else:
+        raise ValueError(f"not a Slurm duration: {value!r}")
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def parse_exit_code(value: str) -> tuple[int, int]:
+    """``"2:0"`` -> (2, 0): exit status and the signal that ended it."""
+    v = value.strip()
+    if not v or v.lower() in _NO_VALUE:
+        return 0, 0
+    code, _, sig = v.partition(":")
+    return int(code or 0), int(sig or 0)
+
+
+def parse_tres_gpus(tres: str) -> int:
+    """GPUs in an AllocTRES string (``cpu=4,gres/gpu=4,...``); 0 if none."""
+    plain = 0
+    typed = 0
+    for item in tres.split(","):
+        key, _, val = item.partition("=")
+        key = key.strip()
+        if key == "gres/gpu":
+            plain = int(val)
+        elif key.startswith("gres/gpu:"):
+            typed += int(val)
+    return plain or typed
+
+
+_PAREN = re.compile(r"\([^)]*\)")
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in a node's Gres (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``)."""
+    total = 0
+    for item in _PAREN.sub("", gres).split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        count = parts[-1].strip()
+        if count.isdigit():
+            total += int(count)
+    return total
+
+
+def _records(stdout: str, nfields: int, what: str, terminator: str) -> list[list[str]]:
+    out: list[list[str]] = []
+    chunks = stdout.split(terminator)
+    for chunk in chunks:
+        rec = chunk.strip("\n")
+        if not rec.strip():
+            continue
+        fields = rec.split(FS)
+        if len(fields) != nfields:
+            log.warning("skipping a %s record with %d fields (want %d): %r",
+                        what, len(fields), nfields, rec[:200])  # fmt: skip
+            continue
+        out.append(fields)
+    return out
+
+
+def parse_squeue(stdout: str) -> list[SlurmJob]:
+    """Output of ``squeue -h -O <long_format(SQUEUE_FIELDS)>``."""
+    jobs: list[SlurmJob] = []
+    for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", RS + "\n"):
+        (jid, name, user, account, part, state_raw, reason, nodelist,
+         restarts, submit, start, limit, comment) = f  # fmt: skip
+        try:
+            job_id = int(jid.strip())
+        except ValueError:
+            log.warning("skipping squeue record with job id %r", jid)
+            continue
+        state_raw = state_raw.strip()
+        jobs.append(
+            SlurmJob(
+                job_id=job_id,
+                name=name,
+                user=user.strip(),
+                account=_text(account),
+                partition=part.strip(),
+                state_raw=state_raw,
+                state=statemap.job_state(state_raw),
+                reason=_text(reason),
+                nodes=hostlist.expand(nodelist.strip()),
+                restarts=int(restarts.strip() or 0),
+                comment="" if comment.strip() == "(null)" else comment,
+                submit_time=parse_time(submit),
+                start_time=parse_time(start),
+                time_limit_s=parse_duration_s(limit),
+            )
+        )
+    return jobs
+
+
+def parse_sacct(stdout: str) -> list[SacctRow]:
+    """Output of ``sacct -n -P --delimiter=<FS> -o <SACCT_FIELDS>`` (one row per attempt)."""
+    rows: list[SacctRow] = []
+    for f in _records(stdout, len(SACCT_FIELDS), "sacct", "\n"):
+        (jid, name, user, account, part, state_raw, nodelist, submit, start, end,
+         elapsed, tres, exit_code, comment) = f  # fmt: skip
+        try:
+            job_id = int(jid.strip())
+        except ValueError:
+            log.debug("skipping sacct row for job id %r (array/het step)", jid)
+            continue
+        code, sig = parse_exit_code(exit_code)
+        rows.append(
+            SacctRow(
+                job_id=job_id,
+                name=name,
+                user=user.strip(),
+                account=_text(account),
+                partition=part.strip(),
+                state_raw=state_raw.strip(),
+                state=statemap.job_state(state_raw),
+                nodelist=hostlist.expand(nodelist.strip()),
+                submit=parse_time(submit),
+                start=parse_time(start),
+                end=parse_time(end),
+                elapsed_s=int(elapsed.strip() or 0),
+                alloc_gpus=parse_tres_gpus(tres),
+                exit_code=code,
+                exit_signal=sig,
+                comment="" if comment.strip() == "(null)" else comment,
+            )
+        )
+    return number_attempts(rows)
+
+
+def number_attempts(rows: list[SacctRow]) -> list[SacctRow]:
+    """Set ``restarts`` to each row's index among the rows of its job id."""
+    from dataclasses import replace
+
+    epoch = datetime.min.replace(tzinfo=UTC)
+
+    def key(r: SacctRow) -> tuple[int, datetime, datetime]:
+        return (r.job_id, r.submit or epoch, r.start or epoch)
+
+    seen: dict[int, int] = {}
+    out: list[SacctRow] = []
+    for row in sorted(rows, key=key):
+        n = seen.get(row.job_id, 0)
+        seen[row.job_id] = n + 1
+        out.append(replace(row, restarts=n))
+    return out
+
+
+def parse_sinfo(stdout: str) -> list[NodeInfo]:
+    """Output of ``sinfo -N -h -O <long_format(SINFO_FIELDS)>``, merged per node."""
+    merged: dict[str, NodeInfo] = {}
+    for f in _records(stdout, len(SINFO_FIELDS), "sinfo", RS + "\n"):
+        name, state_raw, part, features, gres, reason = (x.strip() for x in f)
+        parsed = statemap.parse_node_state(state_raw)
+        part = part.rstrip("*")
+        prev = merged.get(name)
+        if prev is not None:
+            if part and part not in prev.partitions:
+                prev.partitions.append(part)
+            continue
+        merged[name] = NodeInfo(
+            name=name,
+            state_raw=state_raw,
+            state=parsed.state,
+            partitions=[part] if part else [],
+            features=[x for x in _text(features).split(",") if x],
+            gpus=parse_gres_gpus(gres),
+            reason=_text(reason),
+            flags=parsed.flags,
+        )
+    return list(merged.values())
+
+
+def parse_sbatch_parsable(stdout: str) -> int:
+    """``sbatch --parsable`` prints ``<jobid>`` or ``<jobid>;<cluster>``."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    head = line.split(";", 1)[0].strip()
+    if not head.isdigit():
+        raise ValueError(f"sbatch printed no job id: {stdout!r}")
+    return int(head)

@@ -1,0 +1,186 @@
+"""The Backend on pyslurm, used only where pyslurm matches the running Slurm.
+
+pyslurm links against one Slurm release (pyslurm 25.11 needs Slurm 25.11);
+against another release it fails to import or misbehaves. So
+:func:`pyslurm_usable` checks both that it imports and that its Slurm major
+version equals the one ``sinfo --version`` reports, and the factory falls
+back to the CLI backend otherwise.
+
+Reads and simple job control go through pyslurm's API (no process per
+call). Everything pyslurm does not cover cleanly here (submission as another
+user, accounting history, node power actions) stays on the CLI backend this
+class extends, so both backends keep the same contract.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import subprocess
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from broker.errors import SlurmError, SlurmUnavailable
+from broker.slurm import hostlist, statemap
+from broker.slurm.backend import NodeInfo, SlurmJob
+from broker.slurm.cli_backend import CliBackend
+from broker.slurm.parse import parse_gres_gpus
+from broker.slurm.runner import is_unavailable
+
+log = logging.getLogger(__name__)
+
+_MAJOR = re.compile(r"(\d+)\.(\d+)")
+
+
+def _major(text: str) -> str | None:
+    m = _MAJOR.search(text)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def slurm_major_version() -> str | None:
+    """``"22.05"`` from ``sinfo --version`` (no controller needed), or None."""
+    try:
+        out = subprocess.run(
+            ["sinfo", "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return _major(out)
+
+
+def _import_pyslurm() -> Any | None:
+    try:
+        return importlib.import_module("pyslurm")
+    except (ImportError, OSError, RuntimeError) as exc:  # ABI mismatch, missing libslurm
+        log.debug("pyslurm not usable: %s", exc)
+        return None
+
+
+def pyslurm_usable() -> bool:
+    """True when pyslurm imports and was built for the Slurm release that runs here."""
+    mod = _import_pyslurm()
+    if mod is None:
+        return False
+    version = getattr(mod, "version", None)
+    built_for = _major(str(version() if callable(version) else getattr(mod, "__version__", "")))
+    running = slurm_major_version()
+    if built_for is None or running is None or built_for != running:
+        log.info(
+            "pyslurm built for Slurm %s but Slurm %s runs here; using the CLI", built_for, running
+        )
+        return False
+    return True
+
+
+def _utc(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and value > 0:
+        return datetime.fromtimestamp(value, tz=UTC)
+    return None
+
+
+class PyslurmBackend(CliBackend):
+    """pyslurm for reads and job control; the CLI for the rest."""
+
+    name = "pyslurm"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        mod = _import_pyslurm()
+        if mod is None:
+            raise SlurmError("pyslurm cannot be imported", hint="use the CLI backend")
+        self._ps = mod
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        self.calls.record([f"pyslurm.{what}"])
+        try:
+            return fn(*args)
+        except Exception as exc:
+            text = str(exc)
+            cls = SlurmUnavailable if is_unavailable(text) else SlurmError
+            raise cls(
+                f"pyslurm {what} failed: {text}", argv=[f"pyslurm.{what}"], stderr=text
+            ) from exc
+
+    def jobs(
+        self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
+    ) -> list[SlurmJob]:
+        loaded = self._call("Jobs.load", self._ps.Jobs.load)
+        wanted = set(job_ids) if job_ids is not None else None
+        out: list[SlurmJob] = []
+        for job in loaded.values():
+            if wanted is not None and job.id not in wanted:
+                continue
+            name = job.name or ""
+            if name_prefix is not None and not name.startswith(name_prefix):
+                continue
+            state_raw = str(job.state)
+            limit = getattr(job, "time_limit", None)  # minutes, None when unlimited
+            out.append(
+                SlurmJob(
+                    job_id=int(job.id),
+                    name=name,
+                    user=job.user_name or "",
+                    account=job.account or "",
+                    partition=job.partition or "",
+                    state_raw=state_raw,
+                    state=statemap.job_state(state_raw),
+                    reason=str(job.state_reason or "").replace("None", ""),
+                    nodes=hostlist.expand(getattr(job, "allocated_nodes", None) or ""),
+                    restarts=int(getattr(job, "requeue_count", 0) or 0),
+                    comment=job.comment or "",
+                    submit_time=_utc(job.submit_time),
+                    start_time=_utc(job.start_time),
+                    time_limit_s=int(limit) * 60 if isinstance(limit, int) else None,
+                )
+            )
+        return out
+
+    def nodes(self) -> list[NodeInfo]:
+        loaded = self._call("Nodes.load", self._ps.Nodes.load)
+        out: list[NodeInfo] = []
+        for node in loaded.values():
+            raw = str(node.state)
+            flags = getattr(node, "state_flags", None) or getattr(node, "next_state", None)
+            complete = raw if not isinstance(flags, list) else "+".join([raw, *map(str, flags)])
+            parsed = statemap.parse_node_state(complete)
+            gres = node.configured_gres or {}
+            out.append(
+                NodeInfo(
+                    name=node.name,
+                    state_raw=complete,
+                    state=parsed.state,
+                    partitions=list(node.partitions or []),
+                    features=list(node.available_features or []),
+                    gpus=int(gres.get("gpu", 0))
+                    if isinstance(gres, dict)
+                    else parse_gres_gpus(str(gres)),
+                    reason=node.reason or "",
+                    flags=parsed.flags,
+                )
+            )
+        return out
+
+    def cancel(self, job_ids: Iterable[int]) -> None:
+        for jid in job_ids:
+            self._call("Job.cancel", self._ps.Job(int(jid)).cancel)
+
+    def hold(self, job_ids: Iterable[int]) -> None:
+        for jid in job_ids:
+            self._call("Job.hold", self._ps.Job(int(jid)).hold)
+
+    def release(self, job_ids: Iterable[int]) -> None:
+        for jid in job_ids:
+            self._call("Job.release", self._ps.Job(int(jid)).release)
+
+    def ping(self) -> bool:
+        try:
+            self._call("slurmctld.ping", lambda: self._ps.Jobs.load())
+        except SlurmError:
+            return False
+        return True
