@@ -93,6 +93,8 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
+    """A burst of CLI calls (20 submits at once) must queue, not be refused."""
 
     def __init__(self, path: str, handlers: dict[str, Handler], admin_group: str) -> None:
         self.path = path

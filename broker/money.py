@@ -22,7 +22,10 @@ def parse_money(text: str | int | Decimal) -> int:
         raise ValueError(f"not an amount of money: {text!r}") from exc
     if not d.is_finite():
         raise ValueError(f"not an amount of money: {text!r}")
-    micros = (d * MICROS_PER_UNIT).quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
+    try:
+        micros = (d * MICROS_PER_UNIT).quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
+    except ArithmeticError:
+        raise ValueError(f"amount out of range: {text!r}") from None
     if micros != d * MICROS_PER_UNIT:
         raise ValueError(f"more than 6 decimal places: {text!r}")
     return int(micros)

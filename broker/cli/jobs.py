@@ -18,35 +18,24 @@ KINDS = ("render", "simulation", "finetune", "other")
 CHECKPOINT_STYLES = ("signal", "pieces", "none")
 
 
-def _read_script(path: str) -> str:
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"script: cannot read {path}: {exc.strerror}", hint="check the path") from None
-    if len(raw) > 1024 * 1024:
-        raise SpecError("script: larger than 1 MiB", hint="keep the batch script small; put data in files")
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise SpecError(f"script: {path} is not UTF-8 text", hint="save it as UTF-8") from None
-
-
 def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
-    """Merge a TOML job file with flags (flags win) into the dict the daemon validates.
+    """Merge a TOML job file with flags (flags win), validate, and return the dict the daemon re-checks.
 
-    Files are read here, as the user, so the daemon never opens user paths itself.
+    Files (the job file, a script) are read here, as the user, so the daemon
+    never opens a path a user names.
     """
-    data: dict[str, Any] = {}
-    if job_file:
-        from broker.spec import load_job_file
+    from datetime import datetime, timezone
 
+    from broker.spec import load_job_file, parse_spec, spec_to_dict
+
+    data: dict[str, Any] = {}
+    base = Path.cwd()
+    if job_file:
         data = load_job_file(job_file)
         base = Path(job_file).resolve().parent
         script = data.get("script")
-        if isinstance(script, str) and "\n" not in script and not script.startswith("#!"):
-            script_path = Path(script) if Path(script).is_absolute() else base / script
-            data["script"] = _read_script(str(script_path))
+        if isinstance(script, str) and "\n" not in script and not os.path.isabs(script):
+            data["script"] = str(base / script)
     for key, value in flags.items():
         if value is None:
             continue
@@ -55,13 +44,13 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             ck["dir" if key == "checkpoint_dir" else "style"] = value
             data["checkpoint"] = ck
         elif key == "script_path":
-            data["script"] = _read_script(value)
+            data["script"] = os.path.abspath(value)
         elif key == "env":
             env = dict(data.get("env") or {})
             for item in value:
                 name, sep, val = item.partition("=")
                 if not sep:
-                    raise SpecError(f"--env {item!r}: expected NAME=VALUE")
+                    raise SpecError(f"env: {item!r} is not NAME=VALUE", hint="write --env NAME=VALUE")
                 env[name] = val
             if env:
                 data["env"] = env
@@ -70,15 +59,15 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     if command:
         data["command"] = list(command)
     data.setdefault("workdir", os.getcwd())
-    if "checkpoint" in data and isinstance(data["checkpoint"], dict):
-        ck = data["checkpoint"]
-        if isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
-            ck["dir"] = os.path.abspath(ck["dir"])
-    return data
+    ck = data.get("checkpoint")
+    if isinstance(ck, dict) and isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
+        ck["dir"] = str(base / ck["dir"])
+    if ck and isinstance(ck, dict) and ck.get("dir") and "style" not in ck:
+        ck["style"] = "signal"
+    return spec_to_dict(parse_spec(data, now=datetime.now(timezone.utc)))
 
 
-@cli.command(context_settings={"ignore_unknown_options": False})
-@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@cli.command()
 @click.option("--name", help="Job name (letters, digits, . _ -; at most 64).")
 @click.option("--kind", type=click.Choice(KINDS), help="What the job is [default: other].")
 @click.option("--gpus", "gpus_per_node", type=int, help="GPUs per node [default: 1].")
@@ -102,10 +91,10 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 @click.option("--env", "-e", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable).")
 @click.option("--max-retries", type=int, help="Retries after the program's own failures [default: 2].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[JOB_FILE.toml] [-- COMMAND...]")
 @pass_ctx
-def submit(ctx: Context, job_file: str | None, command: tuple[str, ...], as_json: bool, **flags: Any) -> None:
-    """Submit a job from a TOML JOB_FILE and/or flags.
+def submit(ctx: Context, args: tuple[str, ...], as_json: bool, **flags: Any) -> None:
+    """Submit a job from a TOML job file (name ending in .toml) and/or flags.
 
     \b
     Examples:
@@ -115,8 +104,12 @@ def submit(ctx: Context, job_file: str | None, command: tuple[str, ...], as_json
 
     Put the command after `--`. Flags override the job file.
     """
-    if job_file and command == () and not Path(job_file).exists():
-        raise SpecError(f"job file {job_file} does not exist", hint="give a TOML job file, or the command after --")
+    job_file = None
+    command = args
+    if args and args[0].endswith(".toml"):
+        job_file, command = args[0], args[1:]
+        if not Path(job_file).is_file():
+            raise SpecError(f"job file {job_file} does not exist", hint="check the path")
     spec = build_spec(job_file, flags, command)
     result = ctx.call("submit", spec=spec)
     if as_json:

@@ -56,7 +56,7 @@ class BrokerGroup(click.Group):
             try:
                 command = getattr(importlib.import_module(module_name), attr)
             except ImportError as exc:
-                raise click.ClickException(f"`{cmd_name}` is not available in this install: {exc}")
+                command = _unavailable(cmd_name, str(exc))
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
@@ -68,6 +68,13 @@ class BrokerGroup(click.Group):
             if exc.hint:
                 click.echo(f"  hint: {exc.hint}", err=True)
             sys.exit(exc.exit_code)
+
+
+def _unavailable(name: str, why: str) -> click.Command:
+    def fail() -> None:
+        raise click.ClickException(f"`{name}` is not available in this install: {why}")
+
+    return click.Command(name, callback=fail, help=f"(not available: {why})")
 
 
 @click.group(cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -22,7 +22,7 @@ from broker.service.context import Services
 from broker.service.placement import capacity_of_partition, job_view, market_view
 from broker.service.views import job_summary
 from broker.slurm.backend import SubmitRequest
-from broker.slurm.script import render_script
+from broker.slurm.script import render_batch_script
 from broker.spec import JobSpec, parse_spec, spec_from_dict, spec_to_dict
 from broker.states import AttemptState, JobState
 
@@ -144,11 +144,16 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
 
 
 def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
-    script = render_script(
-        spec,
+    workdir = spec.workdir or "/tmp"
+    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/gbroker-{job.id}.ck"
+    script = render_batch_script(
         job_id=job.id,
         attempt=attempt.number,
-        resume_from=spec.checkpoint_dir if attempt.number > 1 else None,
+        checkpoint_dir=checkpoint_dir,
+        command=list(spec.command) if spec.command else None,
+        script_text=spec.script if not spec.command else None,
+        resume_from=checkpoint_dir if attempt.number > 1 else None,
+        warning_signal_s=spec.signal_lead_s,
     )
     run_as = job.owner_name if _daemon_is_root() else None
     return SubmitRequest(
@@ -158,11 +163,11 @@ def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> S
         comment=job.key,
         account=spec.group,
         user=run_as,
-        workdir=spec.workdir,
+        workdir=workdir,
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         time_limit_s=spec.time_limit_s,
-        output=f"{spec.workdir}/gbroker-{job.id}.out",
+        output=f"{workdir}/gbroker-{job.id}.out",
         requeue=attempt.capacity == "spot",
         env=dict(spec.env),
         signal=f"B:USR1@{spec.signal_lead_s}",

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +23,38 @@ from typing import Any, Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _world_readable(path: Path) -> bool:
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if not mode & 0o001:
+            return False
+    return bool(path.stat().st_mode & 0o004)
+
+
+def public_dir(prefix: str) -> Path:
+    """A fresh directory other users can reach (pytest's tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(path, 0o755)
+    return path
+
+
+def _readable_source() -> Path:
+    """The source tree as the job users can read it: the checkout, or a copy when it is private."""
+    if _world_readable(REPO / "broker"):
+        return REPO
+    copy = public_dir("gbroker-src-")
+    for part in ("broker", "policies", "examples"):
+        shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(copy):
+        for name in dirs + files:
+            os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+    return copy
+
+
+SRC = _readable_source()
+"""Where processes run as alice/bob/carol (the CLI, the example jobs) find gbroker's code."""
 
 
 @dataclass
@@ -134,9 +168,8 @@ def user_dir(base: Path, user: str) -> Path:
 
 
 @pytest.fixture
-def broker_daemon(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("broker")
-    os.chmod(work, 0o755)
+def broker_daemon(slurm_cluster: Any):
+    work = public_dir("gbroker-test-")
     env = dict(os.environ)
     env.update(slurm_cluster.env)
     env.update(
@@ -144,7 +177,7 @@ def broker_daemon(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory):
             "GBROKER_DB_URL": f"sqlite:///{work}/gbroker.db",
             "GBROKER_TICK_SECONDS": "1",
             "GBROKER_CONFIG": str(work / "none.toml"),
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(SRC),
         }
     )
     d = BrokerDaemon(
@@ -157,3 +190,4 @@ def broker_daemon(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory):
     d.start()
     yield d
     d.stop()
+    shutil.rmtree(work, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_fixtures import REPO, broker_daemon, user_dir  # noqa: F401  (fixture)
+from broker_fixtures import SRC, broker_daemon, public_dir, user_dir  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -23,14 +23,14 @@ def _running_on(job: dict) -> str:
     return job["attempts"][-1]["nodes"]
 
 
-def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_cluster, tmp_path_factory):
+def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_cluster):
     d = broker_daemon
-    base = user_dir(tmp_path_factory.mktemp("ft"), "alice")
+    base = user_dir(public_dir("gbroker-ft-"), "alice")
     ck, out = base / "ck", base / "result.json"
     r = d.cli(
         "submit", "--json", "--group", "vision", "--kind", "finetune", "--gpus", "1", "--time", "30m",
         "--checkpoint-dir", str(ck), "--checkpoint-style", "signal", "--name", "ft-reclaim",
-        "--", "python3", str(REPO / "examples" / "finetune.py"),
+        "--", "python3", str(SRC / "examples" / "finetune.py"),
         "--steps", "30", "--step-seconds", "1", "--every", "1", "--out", str(out),
     )
     assert r.code == 0, r.err
@@ -69,9 +69,9 @@ def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_clust
     assert shown.code == 0 and shown.out.count("reclaimed") >= 2
 
 
-def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_cluster, tmp_path_factory):
+def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_cluster):
     d = broker_daemon
-    base = user_dir(tmp_path_factory.mktemp("od"), "carol")
+    base = user_dir(public_dir("gbroker-od-"), "carol")
     r = d.cli(
         "submit", "--json", "--group", "climate", "--kind", "simulation", "--gpus", "4",
         "--no-interruptible", "--time", "10m", "--", "sleep", "25", user="carol", cwd=base,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_fixtures import broker_daemon, user_dir  # noqa: F401  (fixture)
+from broker_fixtures import broker_daemon, public_dir, user_dir  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -60,10 +60,10 @@ def test_at_least_twenty_cases() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_hostile_submit_is_refused_and_leaves_nothing(case, broker_daemon, slurm_cluster, tmp_path) -> None:
+def test_hostile_submit_is_refused_and_leaves_nothing(case, broker_daemon, slurm_cluster) -> None:
     d = broker_daemon
     _, job_file, args, fragment = case
-    work = user_dir(tmp_path / "w", "alice")
+    work = user_dir(public_dir("gbroker-hostile-"), "alice")
     argv = ["submit"]
     if job_file is not None:
         f = Path(work) / "job.toml"

@@ -1,0 +1,107 @@
+"""The socket API with real UNIX sockets: identity from the kernel, errors that say what to do."""
+
+import os
+import pwd
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from broker.api import ApiServer, Caller
+from broker.client import RemoteError, call
+from broker.errors import DaemonUnavailable, NotFound
+
+
+@pytest.fixture
+def server(tmp_path):
+    import shutil
+    import tempfile
+
+    # pytest's own tmp dirs are private to root; other users must reach this socket.
+    tmp_path = __import__("pathlib").Path(tempfile.mkdtemp(prefix="gb-api-"))
+    os.chmod(tmp_path, 0o755)
+    def whoami(caller: Caller, args):
+        return {"uid": caller.uid, "name": caller.name, "admin": caller.is_admin}
+
+    def boom(caller, args):
+        raise NotFound("no job 7 of yours", hint="`gbroker history` lists your jobs")
+
+    def bug(caller, args):
+        raise ZeroDivisionError("x")
+
+    path = str(tmp_path / "s.sock")
+    srv = ApiServer(path, {"whoami": whoami, "boom": boom, "bug": bug, "admin": lambda c, a: c.require_admin("x")},
+                    admin_group="gbroker-test-admins-none")
+    srv.serve_in_thread()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_identity_comes_from_the_kernel(server):
+    me = call(server.path, "whoami", uid=0, name="root-please")  # claims in args are ignored
+    assert me["uid"] == os.getuid()
+
+
+def test_another_user_is_seen_as_that_user(server):
+    nobody = pwd.getpwnam("nobody")
+    code = (
+        "import sys, json; sys.path.insert(0, %r); from broker.client import call; "
+        "print(json.dumps(call(%r, 'whoami')))" % (os.getcwd(), server.path)
+    )
+    out = subprocess.run([sys.executable, "-c", code], user=nobody.pw_uid, group=nobody.pw_gid,
+                         extra_groups=[], capture_output=True, text=True, check=True).stdout
+    assert '"uid": %d' % nobody.pw_uid in out and '"admin": false' in out
+    r = subprocess.run([sys.executable, "-c", code.replace("'whoami'", "'admin'")], user=nobody.pw_uid,
+                       group=nobody.pw_gid, extra_groups=[], capture_output=True, text=True)
+    assert r.returncode != 0 and "admins" in r.stderr
+
+
+def test_errors_keep_message_hint_and_code(server):
+    with pytest.raises(RemoteError) as err:
+        call(server.path, "boom")
+    assert err.value.exit_code == NotFound.exit_code
+    assert "history" in (err.value.hint or "")
+    with pytest.raises(RemoteError) as err:
+        call(server.path, "bug")
+    assert "internal error" in err.value.message
+    with pytest.raises(RemoteError) as err:
+        call(server.path, "nope")
+    assert "unknown operation" in err.value.message
+
+
+def test_daemon_down_says_what_to_do(tmp_path):
+    with pytest.raises(DaemonUnavailable) as err:
+        call(str(tmp_path / "absent.sock"), "whoami")
+    assert "gbroker daemon" in str(err.value) and "Nothing was submitted" in str(err.value)
+
+
+def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path, server):
+    from broker.errors import BrokerError
+
+    with pytest.raises(BrokerError):
+        ApiServer(server.path, {}, "x")
+    stale = tmp_path / "stale.sock"
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    srv = ApiServer(str(stale), {}, "x")
+    srv.server_close()
+
+
+def test_concurrent_callers(server):
+    results = []
+
+    def worker():
+        results.append(call(server.path, "whoami")["uid"])
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [os.getuid()] * 20

@@ -1,0 +1,39 @@
+from decimal import Decimal
+
+import pytest
+
+from broker.money import cost_micros, format_money, parse_money
+
+
+@pytest.mark.parametrize(
+    "text,micros",
+    [("12000", 12_000_000_000), ("412.30", 412_300_000), ("$1,200.50", 1_200_500_000), (3, 3_000_000),
+     (Decimal("0.000001"), 1), ("-5", -5_000_000)],
+)
+def test_parse_money(text, micros):
+    assert parse_money(text) == micros
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1.0000001", "nan", "inf", "1e400000"])
+def test_parse_money_refuses(bad):
+    with pytest.raises(ValueError):
+        parse_money(bad)
+
+
+def test_cost_is_exact_and_rounds_half_even_once():
+    # 3.06 $/GPU-h for 4 GPUs over 90 minutes
+    assert cost_micros(3_060_000, 5400, 4) == 18_360_000
+    # one second at 1 micro/hour: 1/3600 of a micro -> rounds to 0; 1800 s -> 0.5 -> half-even 0; 5400 s -> 1.5 -> 2
+    assert cost_micros(1, 1) == 0
+    assert cost_micros(1, 1800) == 0
+    assert cost_micros(1, 5400) == 2
+    # splitting a period in two never differs from the whole by more than a micro
+    whole = cost_micros(918_000, 7 * 3600 + 17, 8)
+    parts = cost_micros(918_000, 3 * 3600, 8) + cost_micros(918_000, 4 * 3600 + 17, 8)
+    assert abs(whole - parts) <= 1
+
+
+def test_format_money():
+    assert format_money(1_234_567_890) == "$1,234.57"
+    assert format_money(-412_300_000) == "-$412.30"
+    assert format_money(0) == "$0.00"
