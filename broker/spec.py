@@ -19,10 +19,11 @@ import difflib
 import re
 import shlex
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
-from typing import Any, Mapping
+from typing import Any
 
 from broker.errors import SpecError
 
@@ -487,7 +488,7 @@ class _Parser:
         if when.tzinfo is None or when.utcoffset() is None:
             raise self.fail("deadline", f"{value!r} has no time zone",
                             hint='add one, e.g. "+02:00" or "Z" for UTC')
-        when = when.astimezone(timezone.utc)
+        when = when.astimezone(UTC)
         if self.now is not None:
             if when <= self.now:
                 raise self.fail("deadline", f"{when.isoformat()} is in the past",

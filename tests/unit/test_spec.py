@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from broker.spec import (
     spec_to_dict,
 )
 
-NOW = datetime(2026, 9, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
 PARTITIONS = {"gpu-spot", "gpu-ondemand"}
 SCRIPT_OK = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:2\nsrun python train.py\n"
 
@@ -202,8 +203,8 @@ def test_full_request() -> None:
         "signal_lead_s": 300,
     }
     spec = parse(data)
-    assert spec.deadline == datetime(2026, 9, 2, 22, 0, tzinfo=timezone.utc)
-    assert spec.deadline.tzinfo == timezone.utc
+    assert spec.deadline == datetime(2026, 9, 2, 22, 0, tzinfo=UTC)
+    assert spec.deadline.tzinfo == UTC
     assert spec.checkpoint_dir == "/scratch/ana/ckpt"
     assert spec.env == (("OMP_NUM_THREADS", "8"), ("WANDB_MODE", "offline"))
     assert spec.env_dict()["WANDB_MODE"] == "offline"
@@ -345,7 +346,7 @@ def test_load_job_file(tmp_path: Path) -> None:
     )
     spec = parse(load_job_file(str(path)))
     assert spec.kind == "render" and spec.time_limit_s == 2700
-    assert spec.deadline == datetime(2026, 9, 5, 9, 0, tzinfo=timezone.utc)
+    assert spec.deadline == datetime(2026, 9, 5, 9, 0, tzinfo=UTC)
     assert spec.env == (("FRAMES", "1-240"),)
 
 

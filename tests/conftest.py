@@ -1,0 +1,151 @@
+"""Database fixtures: every store test runs on SQLite and on a real PostgreSQL server.
+
+The PostgreSQL server is started once per test session from the installed
+binaries (initdb + pg_ctl into a temporary directory, as the ``postgres``
+Unix user when the tests run as root), listens on a free port on 127.0.0.1,
+and is stopped at the end. Each test gets a fresh database. If the server does
+not start, the tests fail with its log: there is no skip.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PG_USER = "postgres"
+PG_START_TIMEOUT_S = 60
+
+
+@dataclass
+class PgServer:
+    datadir: Path
+    port: int
+    run_as: dict[str, Any]
+    bindir: Path
+
+    def admin_url(self, dbname: str = "postgres") -> str:
+        return f"postgresql+psycopg2://{PG_USER}@127.0.0.1:{self.port}/{dbname}"
+
+    def admin_exec(self, sql: str) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=PG_USER, dbname="postgres")
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+
+def _pg_bindir() -> Path:
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    if not candidates:
+        pytest.fail("PostgreSQL binaries not found under /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+    return Path(candidates[-1]).parent
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(argv: list[str], run_as: dict[str, Any], what: str, log: Path | None = None) -> None:
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=PG_START_TIMEOUT_S + 30, **run_as)
+    if proc.returncode != 0:
+        log_text = log.read_text(errors="replace") if log and log.exists() else "(no log)"
+        pytest.fail(f"{what} failed ({proc.returncode}): {argv}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\n"
+                    f"server log:\n{log_text}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    bindir = _pg_bindir()
+    root = Path(tempfile.mkdtemp(prefix="gbroker-pg-"))
+    run_as: dict[str, Any] = {}
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        pw = pwd.getpwnam(PG_USER)
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "env": {"PATH": "/usr/bin:/bin"}}
+    datadir, sockdir, log = root / "data", root / "sock", root / "server.log"
+    server: PgServer | None = None
+    try:
+        _run([str(bindir / "initdb"), "-D", str(datadir), "-U", PG_USER, "-A", "trust", "-E", "UTF8",
+              "--no-sync", "--no-instructions"], run_as, "initdb")
+        _run(["mkdir", "-m", "0700", str(sockdir)], run_as, "mkdir socket dir")
+        port = _free_port()
+        with open(datadir / "postgresql.auto.conf", "a") as conf:
+            conf.write(
+                f"port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{sockdir}'\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 100\n"
+            )
+        _run([str(bindir / "pg_ctl"), "-D", str(datadir), "-l", str(log), "-w", "-t", str(PG_START_TIMEOUT_S),
+              "start"], run_as, "pg_ctl start", log)
+        server = PgServer(datadir=datadir, port=port, run_as=run_as, bindir=bindir)
+        yield server
+    finally:
+        if server is not None:
+            subprocess.run([str(bindir / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "-w", "stop"],
+                           check=False, capture_output=True, timeout=60, **run_as)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+_db_numbers = itertools.count(1)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL to a fresh, empty database (no tables yet)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'state' / 'gbroker.db'}"
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    name = f"gbtest_{os.getpid()}_{next(_db_numbers)}"
+    server.admin_exec(f'CREATE DATABASE "{name}"')
+    yield server.admin_url(name)
+    server.admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    """``db_url`` with every migration applied."""
+    from broker.db.migrate import upgrade_to_head
+
+    upgrade_to_head(db_url)
+    return db_url
+
+
+@pytest.fixture
+def engine(migrated_url: str) -> Iterator[Any]:
+    from broker.db.engine import make_engine
+
+    eng = make_engine(migrated_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Any) -> Any:
+    """A sessionmaker on the migrated database; hand its sessions to ``broker.db.store`` functions."""
+    from broker.db.engine import session_factory
+
+    return session_factory(engine)
+
+
+@pytest.fixture
+def session(store: Any) -> Iterator[Any]:
+    with store() as s:
+        yield s
