@@ -1,0 +1,149 @@
+"""Integration fixtures: the real dev Slurm cluster (contrib/slurm/devcluster).
+
+The `slurm_cluster` fixture brings the cluster up once per session when
+`devcluster status` says it is not healthy, and fails loudly (with the
+devcluster log tail) when it cannot: integration tests never skip.
+Every test that uses the fixture is marked `slurm`; tests marked `last`
+run after everything else (the teardown test stops the cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEVCLUSTER = REPO / "contrib" / "slurm" / "devcluster"
+DEFAULT_STATE_DIR = Path("/tmp/gbroker-devcluster")
+
+T = TypeVar("T")
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("GBROKER_DEVCLUSTER_DIR", str(DEFAULT_STATE_DIR))).resolve()
+
+
+def _log_tail(state_dir: Path, lines: int = 40) -> str:
+    parts = []
+    for name in ("devcluster.log", "slurmctld.log", "slurmdbd.log", "mariadb.log", "agent.out"):
+        path = state_dir / "log" / name
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            text = ["(missing)"]
+        parts.append(f"--- {path}\n" + "\n".join(text))
+    return "\n".join(parts)
+
+
+@dataclass
+class SlurmCluster:
+    """Handle on the running dev cluster, with the few helpers tests keep needing."""
+
+    state_dir: Path
+    slurm_conf: Path
+    env: dict[str, str]
+    devcluster: Path = DEVCLUSTER
+    nodes: tuple[str, ...] = ("spot1", "spot2", "spot3", "spot4", "od1", "od2")
+    spot_nodes: tuple[str, ...] = ("spot1", "spot2", "spot3", "spot4")
+    ondemand_nodes: tuple[str, ...] = ("od1", "od2")
+    partitions: tuple[str, ...] = ("spot", "ondemand", "urgent")
+    accounts: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {"vision": ("root", "alice", "bob"), "climate": ("carol",)})
+
+    def run(self, argv: list[str], *, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (argv list) against this cluster."""
+        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{argv} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def as_user(self, user: str, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        """Run argv as a Unix user (jobs then run as that user; its output dir must be writable)."""
+        return self.run(["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm_conf}",
+                         *argv], **kw)  # type: ignore[arg-type]
+
+    def sinfo(self) -> str:
+        """Partitions with node counts, GPUs and states."""
+        return self.run(["sinfo", "-o", "%P %D %G %T %N"]).stdout
+
+    def node_state(self, node: str) -> str:
+        """Slurm's full state word for a node, e.g. IDLE+CLOUD+POWERED_DOWN."""
+        out = self.run(["scontrol", "-o", "show", "node", node]).stdout
+        m = re.search(r"\bState=(\S+)", out)
+        return m.group(1) if m else ""
+
+    def job_field(self, job_id: str, name: str) -> str:
+        """One field of `scontrol show job` (JobState, NodeList, Restarts, ...), '' if gone."""
+        proc = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
+        m = re.search(rf"\b{name}=(\S*)", proc.stdout)
+        return m.group(1) if m else ""
+
+    def sacct_attempts(self, job_id: str, fields: str = "JobID,State,NodeList,AllocTRES") -> list[
+            dict[str, str]]:
+        """Every attempt of a job (requeues included), one dict per row, oldest first."""
+        out = self.run(["sacct", "-n", "-P", "-X", "--duplicates", "-j", job_id,
+                        f"--format={fields}"]).stdout
+        names = fields.split(",")
+        return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+    def reclaim(self, node: str) -> None:
+        """Cloud-style spot reclaim: the node vanishes, its jobs are requeued (NODE_FAIL)."""
+        proc = subprocess.run([str(self.devcluster), "reclaim", node], capture_output=True,
+                              text=True, env=self.env, timeout=120)
+        if proc.returncode != 0:
+            raise AssertionError(f"devcluster reclaim {node} failed: {proc.stdout}{proc.stderr}")
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float, interval: float = 1.0,
+                 what: str = "condition") -> T:
+        """Poll until predicate() is truthy; return its value or fail with what we waited for."""
+        deadline = time.monotonic() + timeout
+        last: T = predicate()
+        while not last:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
+                                     f"{self.sinfo()}")
+            time.sleep(interval)
+            last = predicate()
+        return last
+
+
+def _devcluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(DEVCLUSTER), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """The real dev cluster, brought up if needed. Never skips: fails with the log tail."""
+    state_dir = _state_dir()
+    if _devcluster("status", timeout=60).returncode != 0:
+        up = _devcluster("up")
+        if up.returncode != 0:
+            pytest.fail(f"contrib/slurm/devcluster up failed ({up.returncode}):\n{up.stdout}\n"
+                        f"{up.stderr}\n{_log_tail(state_dir)}", pytrace=False)
+        status = _devcluster("status", timeout=60)
+        if status.returncode != 0:
+            pytest.fail(f"dev cluster not healthy after up:\n{status.stdout}\n"
+                        f"{_log_tail(state_dir)}", pytrace=False)
+    slurm_conf = state_dir / "slurm.conf"
+    os.environ["SLURM_CONF"] = str(slurm_conf)
+    env = dict(os.environ, SLURM_CONF=str(slurm_conf), GBROKER_DEVCLUSTER_DIR=str(state_dir))
+    yield SlurmCluster(state_dir=state_dir, slurm_conf=slurm_conf, env=env)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark cluster users `slurm`; run `last` tests after all others (stable order)."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+    items[:] = ([i for i in items if i.get_closest_marker("last") is None]
+                + [i for i in items if i.get_closest_marker("last") is not None])
