@@ -1,7 +1,8 @@
 """Placement policies: pure functions of (job view, market view).
 
 Import a policy by name with ``policies.from_name("gbroker")``; the list of
-names is ``policies.names()``.
+names is ``policies.names()``. ``omniscient`` is the simulator's lower bound
+and needs a plan computed from a known trace.
 """
 
 from policies.base import (  # noqa: F401
@@ -17,4 +18,8 @@ from policies.base import (  # noqa: F401
     names,
     register,
 )
-from policies import simple  # noqa: F401,E402  (registers itself)
+from policies import simple  # noqa: F401,E402  (each module registers itself)
+from policies import ondemand  # noqa: F401,E402
+from policies import greedy  # noqa: F401,E402
+from policies import uniform_progress  # noqa: F401,E402
+from policies import omniscient  # noqa: F401,E402

@@ -56,6 +56,11 @@ class JobView:
     """How many of its attempts were reclaimed so far."""
     budget_left_micros: int | None = None
     """Money the job's group may still spend this semester (None = no budget)."""
+    safe_done_s: int | None = None
+    """Work that survives a reclaim (last checkpoint); None = ``done_s``.
+
+    For a job that cannot checkpoint this is 0 until it completes, so a policy
+    can see how much a move would throw away."""
 
     @property
     def work_left_s(self) -> int:
@@ -84,12 +89,24 @@ class MarketView:
     """Reclaims per node-hour observed on spot so far (a rate, not money)."""
     step_s: int = 60
     """How often the caller will ask again (simulator step, daemon tick)."""
+    spot_uptime_fraction: float | None = None
+    """Share of the recent past (``lookback_s``) in which spot capacity for a job
+    of this size was available; None = not observed yet."""
+    lookback_s: int = 0
+    """How much history the observed rate and uptime summarise (0 = none)."""
+    spot_down_s: int = 0
+    """Seconds since spot capacity for this job was last available (0 = available now)."""
 
 
 @dataclass(frozen=True)
 class Placement:
     capacity: Capacity
     reason: str = ""
+    recheck_s: int | None = None
+    """The same answer holds for at least this many more seconds as long as
+    only the clock and the job's own progress move (no reclaim, no change in
+    spot availability or prices). None = ask again every step. The simulator
+    uses it to jump ahead; the daemon may use it to skip ticks."""
 
 
 class Action(str, Enum):

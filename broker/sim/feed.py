@@ -1,0 +1,100 @@
+"""What a job sees of the spot market over time, replayed from a trace.
+
+A ``SpotFeed`` is built once per (trace, gang size) and answers, for any step,
+how many spot instances there are, whether the gang fits, when that next
+changes, and what an observer would have learned so far (uptime share and
+reclaim rate over a look-back window, time since spot was last there).
+
+The observed numbers are taken as of the last change of availability, so
+they stay fixed between two changes: the simulator only has to ask a policy
+again when something it can see has changed (see ``Placement.recheck_s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+from broker.sim.trace import Trace
+from policies.base import MarketView
+
+DEFAULT_LOOKBACK_S = 7 * 24 * 3600
+"""How far back the observed rates look (the daemon uses the same week)."""
+
+
+@dataclass(frozen=True)
+class MarketStats:
+    uptime: float | None
+    reclaim_rate_per_hour: float
+    lookback_s: int
+
+
+class SpotFeed:
+    """Spot availability of one trace for a gang of ``nodes`` instances.
+
+    The trace is unrolled cyclically to ``length`` steps so that a window may
+    start anywhere and run past the end of a short trace.
+    """
+
+    def __init__(self, trace: Trace, nodes: int, length: int, lookback_s: int = DEFAULT_LOOKBACK_S):
+        if nodes < 1:
+            raise ValueError("nodes must be at least 1")
+        self.trace = trace
+        self.nodes = nodes
+        self.gap_s = trace.gap_s
+        n = trace.steps
+        length = max(length, n)
+        counts = [trace.counts[i % n] for i in range(length)]
+        self.counts = counts
+        avail = [c >= nodes for c in counts]
+        self.avail = avail
+        self.lookback_steps = max(1, lookback_s // trace.gap_s)
+        # Prefix sums: steps with the gang available, and reclaims (available -> not).
+        self._up = [0, *accumulate(int(a) for a in avail)]
+        rec = [0] + [int(avail[i - 1] and not avail[i]) for i in range(1, length)]
+        self._rec = [0, *accumulate(rec)]
+        # Where the count changes (next) and where availability last changed.
+        nxt = [length] * length
+        for i in range(length - 2, -1, -1):
+            nxt[i] = i + 1 if counts[i + 1] != counts[i] else nxt[i + 1]
+        self.next_change = nxt
+        last = [0] * length
+        for i in range(1, length):
+            last[i] = i if avail[i] != avail[i - 1] else last[i - 1]
+        self.last_avail_change = last
+        self._stats_cache: dict[int, MarketStats] = {}
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def stats(self, i: int) -> MarketStats:
+        """What an observer knows at step i: the look-back window up to the last change."""
+        at = self.last_avail_change[i]
+        hit = self._stats_cache.get(at)
+        if hit is not None:
+            return hit
+        lo = max(0, at - self.lookback_steps)
+        span = at - lo
+        if span <= 0:
+            st = MarketStats(None, 0.0, 0)
+        else:
+            up = self._up[at] - self._up[lo]
+            rec = self._rec[at] - self._rec[lo + 1] if at > lo + 1 else 0
+            rate = rec / (up * self.gap_s / 3600) if up else (float(rec > 0) * 1e9)
+            st = MarketStats(up / span, rate, span * self.gap_s)
+        self._stats_cache[at] = st
+        return st
+
+    def market(self, i: int, spot_micros: int, ondemand_micros: int) -> MarketView:
+        st = self.stats(i)
+        down = 0 if self.avail[i] else (i - self.last_avail_change[i]) * self.gap_s
+        return MarketView(
+            spot_available=self.counts[i],
+            spot_price_micros=spot_micros,
+            ondemand_price_micros=ondemand_micros,
+            spot_reclaim_rate_per_hour=st.reclaim_rate_per_hour,
+            step_s=self.gap_s,
+            spot_uptime_fraction=st.uptime,
+            lookback_s=st.lookback_s,
+            spot_down_s=down,
+        )
