@@ -15,14 +15,11 @@ Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work to
 
 from __future__ import annotations
 
-import difflib
 import re
 import shlex
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import PurePosixPath
 from typing import Any
 
 from broker.errors import SpecError
@@ -45,6 +42,7 @@ MAX_NAME_CHARS = 64
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_PATH_CHARS = 4096
+MAX_DEADLINE_AHEAD_S = 2 * 365 * 24 * 3600
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -136,6 +134,8 @@ def load_job_file(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise SpecError(f"job file {path}: not valid UTF-8 ({exc.reason} at byte {exc.start})",
                         hint="save the file as UTF-8") from exc
+    import tomllib  # only when a job file is read: `gbroker submit -- cmd` never pays for it
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -295,6 +295,13 @@ def forbidden_sbatch_option(line: str) -> str | None:
 # --------------------------------------------------------------------------- the parser
 
 
+def _close_match(word: str, choices: tuple[str, ...], cutoff: float = 0.6) -> str | None:
+    import difflib  # only on an error path; keeps the CLI's start fast
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def _type_name(value: Any) -> str:
     return {bool: "true/false", int: "a whole number", float: "a decimal number", str: "a string",
             list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
@@ -333,9 +340,9 @@ class _Parser:
                 raise SpecError(f"{where}: keys must be strings, got {key!r}")
             if key in known:
                 continue
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            close = _close_match(key, known)
             label = f"{where}.{key}" if where != "job" else key
-            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
+            hint = f"did you mean {close}?" if close else f"known keys: {', '.join(known)}"
             raise SpecError(f"{label}: unknown key", hint=hint)
 
     def integer(self, data: Mapping[str, Any], fld: str, default: int, lo: int, hi: int, why_hi: str) -> int:
@@ -378,12 +385,14 @@ class _Parser:
             raise self.fail(fld, f"must be a path string, got {_type_name(value)} {value!r}")
         if "\x00" in value or "\n" in value or "\r" in value:
             raise self.fail(fld, "contains a NUL or line break", hint="use a plain absolute path")
+        if not _is_utf8(value):
+            raise self.fail(fld, "is not valid UTF-8 text")
         if not value.startswith("/"):
             raise self.fail(fld, f"{value!r} is a relative path",
                             hint="write the full path starting with '/' (the job may run in another directory)")
         if len(value) > MAX_PATH_CHARS:
             raise self.fail(fld, f"longer than {MAX_PATH_CHARS} characters")
-        return str(PurePosixPath(value))
+        return _clean_path(value)
 
     # -- the fields ------------------------------------------------------------
 
@@ -436,8 +445,8 @@ class _Parser:
     def kind(self, data: Mapping[str, Any]) -> str:
         kind = data.get("kind", "other")
         if not isinstance(kind, str) or kind not in KINDS:
-            close = difflib.get_close_matches(str(kind), KINDS, n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]}?" if close else None
+            close = _close_match(str(kind), KINDS, cutoff=0.5)
+            hint = f"did you mean {close}?" if close else None
             raise self.fail("kind", f"unknown kind {kind!r}; valid kinds: {', '.join(KINDS)}", hint=hint)
         return kind
 
@@ -475,6 +484,9 @@ class _Parser:
                 except ValueError:
                     raise self.fail("deadline", f"{value!r} is not a relative time",
                                     hint='e.g. "+36h" or "+2d"') from None
+                if offset > MAX_DEADLINE_AHEAD_S:
+                    raise self.fail("deadline", f"{value!r} is more than two years away",
+                                    hint="leave the deadline out instead")
                 when = self.now + timedelta(seconds=offset)
             else:
                 try:
@@ -488,8 +500,15 @@ class _Parser:
         if when.tzinfo is None or when.utcoffset() is None:
             raise self.fail("deadline", f"{value!r} has no time zone",
                             hint='add one, e.g. "+02:00" or "Z" for UTC')
-        when = when.astimezone(UTC)
+        try:
+            when = when.astimezone(UTC)
+        except OverflowError:
+            raise self.fail("deadline", f"{value!r} is out of range",
+                            hint='e.g. "2026-10-01T18:00:00+02:00" or "+36h"') from None
         if self.now is not None:
+            if when > self.now + timedelta(seconds=MAX_DEADLINE_AHEAD_S):
+                raise self.fail("deadline", f"{when.isoformat()} is more than two years away",
+                                hint="leave the deadline out instead")
             if when <= self.now:
                 raise self.fail("deadline", f"{when.isoformat()} is in the past",
                                 hint="give a future date-time, or leave the deadline out")
@@ -549,6 +568,8 @@ class _Parser:
             if "\x00" in arg or "\n" in arg or "\r" in arg:
                 raise self.fail(f"command[{i}]", "contains a NUL or line break",
                                 hint="use a script for multi-line programs")
+            if not _is_utf8(arg):
+                raise self.fail(f"command[{i}]", "is not valid UTF-8 text")
             total += len(arg.encode("utf-8", "surrogatepass")) + 1
         if not value[0]:
             raise self.fail("command[0]", "the program name is empty")
@@ -592,10 +613,8 @@ class _Parser:
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > MAX_SCRIPT_BYTES:
             raise self.fail("script", f"is {size} bytes, larger than 1 MiB", hint="keep data out of the script")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise self.fail("script", "is not valid UTF-8", hint="save the script as UTF-8") from None
+        if not _is_utf8(text):
+            raise self.fail("script", "is not valid UTF-8", hint="save the script as UTF-8")
         if "\x00" in text:
             raise self.fail("script", "contains a NUL byte", hint="is this a binary file? give a text script")
         if "\r\n" in text:
@@ -632,10 +651,31 @@ class _Parser:
                                 hint=f'quote it: {key} = "{val}"')
             if "\x00" in val:
                 raise self.fail(f"env.{key}", "contains a NUL byte")
+            if not _is_utf8(val):
+                raise self.fail(f"env.{key}", "is not valid UTF-8 text")
             if len(val.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
                 raise self.fail(f"env.{key}", "longer than 32 KiB")
             pairs.append((key, val))
         return tuple(sorted(pairs))
+
+
+def _is_utf8(text: str) -> bool:
+    """False for lone surrogates (from JSON escapes or undecodable file names): they cannot reach argv or a script."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean_path(path: str) -> str:
+    """'/a//b/./c/' -> '/a/b/c'. Keeps '..' (with symlinks it is not the same as dropping a part)."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return "/" + "/".join(parts)
+
+
+def _base_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _read_script(path: str) -> str:
@@ -659,11 +699,11 @@ def _default_name(command: tuple[str, ...] | None, script_path: str | None, kind
     source = None
     if command:
         source = command[0]
-        base = PurePosixPath(source).name
+        base = _base_name(source)
         if base.rstrip("0123456789.") in INTERPRETERS and len(command) > 1 and not command[1].startswith("-"):
             source = command[1]
     elif script_path:
         source = script_path
-    base = PurePosixPath(source).name if source else ""
+    base = _base_name(source) if source else ""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip("-")[:MAX_NAME_CHARS]
     return cleaned or kind

@@ -1,1 +1,7 @@
-"""db."""
+"""The database: SQLAlchemy models, small store functions, Alembic migrations.
+
+Only the daemon imports this package (principle 2); the CLI never does, so it
+starts without loading the ORM. Entry points: ``broker.db.store`` (the
+functions), ``broker.db.engine`` (engines and sessions), ``broker.db.migrate``
+(``upgrade_to_head``).
+"""

@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.errors import SpecError
 from broker.spec import (
+    CHECKPOINT_STYLES,
+    KINDS,
+    TOP_LEVEL_KEYS,
     JobSpec,
     forbidden_sbatch_option,
     load_job_file,
@@ -92,6 +97,10 @@ BAD: list[tuple[str, Callable[[], dict[str, Any]], list[str]]] = [
     ("deadline garbage", with_(deadline="next tuesday"), ["deadline", "ISO-8601"]),
     ("deadline bad relative", with_(deadline="+soon"), ["deadline"]),
     ("deadline wrong type", with_(deadline=36), ["deadline"]),
+    ("deadline out of range", with_(deadline="0001-01-01T00:00:00+05:00"), ["deadline", "out of range"]),
+    ("deadline far future", with_(deadline="2031-06-01T00:00:00Z"), ["deadline", "two years"]),
+    ("deadline overflows", with_(deadline="9999-12-31T23:59:59-05:00"), ["deadline", "out of range"]),
+    ("deadline huge relative", with_(deadline="+99999999999d"), ["deadline", "two years"]),
     ("name with newline", with_(name="a\nb"), ["name", "'\\n'"]),
     ("name with NUL", with_(name="a\x00b"), ["name"]),
     ("name with shell meta", with_(name="x;rm -rf ~"), ["name", "';'"]),
@@ -117,6 +126,9 @@ BAD: list[tuple[str, Callable[[], dict[str, Any]], list[str]]] = [
     ("command empty list", with_(command=[]), ["command"]),
     ("command non-string element", with_(command=["python", 3]), ["command[1]"]),
     ("command empty program", with_(command=["", "x"]), ["command[0]"]),
+    ("command lone surrogate", with_(command=["python", "\udc80"]), ["command[1]", "UTF-8"]),
+    ("env value lone surrogate", with_(env={"X": "\ud800"}), ["env.X", "UTF-8"]),
+    ("workdir lone surrogate", with_(workdir="/tmp/\udcff"), ["workdir", "UTF-8"]),
     ("command and script", with_(script="#!/bin/bash\necho hi\n"), ["command/script"]),
     ("neither command nor script", with_(command=_DROP), ["command"]),
     ("relative workdir", with_(workdir="runs/today"), ["workdir", "relative"]),
@@ -380,3 +392,72 @@ def test_spec_imports_only_the_standard_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          env={"PYTHONPATH": str(root)}, check=True)
     assert out.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------- properties
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+hostile_text = st.sampled_from(["", "-p", "../x", "/a\nb", "+36h", "+", "1-", "::", "#SBATCH -A x", "\x00",
+                                "\udc80", "9" * 30, "2026-13-01T00:00:00Z", "0001-01-01T00:00:00+05:00"])
+field_values = json_values | hostile_text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(TOP_LEVEL_KEYS) | st.text(max_size=12), field_values, max_size=8),
+       st.booleans())
+def test_any_input_is_a_spec_or_a_spec_error(data: dict[str, Any], daemon_side: bool) -> None:
+    """Whatever arrives (a hostile client can send any JSON), the only failure is SpecError."""
+    data = base() | data if data.get("command") is None and data.get("script") is None else data
+    try:
+        if daemon_side:
+            spec_from_dict(data, now=NOW, partitions=PARTITIONS)
+        else:
+            parse(data)
+    except SpecError as exc:
+        assert ":" in exc.message  # "<field>: what is wrong"
+
+
+names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", fullmatch=True)
+valid_specs = st.fixed_dictionaries(
+    {
+        "group": names,
+        "time_limit": st.integers(1, 7 * 24 * 3600).map(lambda n: f"{n}s"),
+        "command": st.lists(st.text(st.characters(blacklist_characters="\x00\n\r",
+                                                  blacklist_categories=["Cs"]), min_size=1, max_size=20),
+                            min_size=1, max_size=5),
+    },
+    optional={
+        "name": names,
+        "kind": st.sampled_from(KINDS),
+        "gpus_per_node": st.integers(1, 8),
+        "nodes": st.integers(1, 16),
+        "interruptible": st.booleans(),
+        "checkpoint": st.fixed_dictionaries({"style": st.sampled_from(CHECKPOINT_STYLES)},
+                                            optional={"dir": st.just("/scratch/ckpt")}),
+        "partition": st.sampled_from(sorted(PARTITIONS)),
+        "workdir": st.just("/home/ana"),
+        "env": st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True)
+                               .filter(lambda k: not k.startswith(("SLURM_", "SBATCH_", "GBROKER_"))),
+                               st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]),
+                                       max_size=20), max_size=4),
+        "max_retries": st.integers(0, 100),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(valid_specs, st.integers(0, 30 * 24 * 3600))
+def test_valid_specs_survive_the_round_trip(data: dict[str, Any], deadline_extra_s: int) -> None:
+    ck = data.get("checkpoint")
+    if ck and ck["style"] == "signal":
+        ck["dir"] = "/scratch/ckpt"
+    limit = int(data["time_limit"][:-1])
+    data["deadline"] = (NOW + timedelta(seconds=limit + deadline_extra_s)).isoformat()
+    spec = parse(data)
+    wire = json.loads(json.dumps(spec_to_dict(spec)))
+    assert spec_from_dict(wire, now=NOW, partitions=PARTITIONS) == spec
+    assert spec_from_dict(wire) == spec

@@ -49,6 +49,13 @@ def run_online() -> None:
         with engine.connect() as connection:
             is_sqlite = connection.dialect.name == "sqlite"
             if is_sqlite:
+                # Batch migrations rebuild tables (copy, drop, rename); with foreign keys on,
+                # dropping a referenced table fails or cascades. The pragma is ignored inside
+                # a transaction, so switch it off on the raw connection first and check the
+                # references once at the end instead.
+                raw = connection.connection.driver_connection
+                assert raw is not None
+                raw.execute("PRAGMA foreign_keys = OFF")
                 # Take the write lock at BEGIN: a second daemon waits here, then sees the new version.
                 connection.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN IMMEDIATE"})
             with connection.begin():
@@ -62,6 +69,10 @@ def run_online() -> None:
                     transactional_ddl=True,
                 )
                 context.run_migrations()
+                if is_sqlite:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise RuntimeError(f"migration left broken references (rolled back): {broken[:5]}")
     finally:
         engine.dispose()
 
