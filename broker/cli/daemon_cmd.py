@@ -36,7 +36,8 @@ def daemon(
         level=getattr(logging, log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    for noisy in ("apscheduler", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from broker.config import load_settings
     from broker.daemon import Daemon
 

@@ -59,6 +59,12 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     if command:
         data["command"] = list(command)
     data.setdefault("workdir", os.getcwd())
+    workdir = data.get("workdir")
+    if isinstance(workdir, str) and os.path.isabs(workdir) and not os.access(workdir, os.W_OK | os.X_OK):
+        raise SpecError(
+            f"workdir: you cannot write to {workdir}; the job runs there and writes its output there",
+            hint="run gbroker submit from a directory of yours, or set workdir in the job file",
+        )
     ck = data.get("checkpoint")
     if isinstance(ck, dict) and isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
         ck["dir"] = str(base / ck["dir"])

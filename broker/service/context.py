@@ -20,6 +20,8 @@ import policies
 from broker.clock import Clock, SystemClock
 from broker.config import Settings
 from broker.db import store
+from broker.db.engine import make_engine, session_factory
+from broker.db.migrate import upgrade_to_head
 from broker.slurm import make_backend
 from broker.slurm.backend import Backend
 
@@ -75,14 +77,14 @@ class Services:
 
     # -- lease and start-up ---------------------------------------------------
     def migrate(self) -> None:
-        store.upgrade_to_head(self.settings.db_url)
+        upgrade_to_head(self.settings.db_url)
 
     def try_lease(self, name: str, holder: str, ttl_s: float) -> str | None:
         """None when `holder` has the lease now; else who holds it."""
         with self.tx() as s:
             if store.acquire_lease(s, name, holder, ttl_s, self.clock.now()):
                 return None
-            return store.lease_holder(s, name) or "unknown"
+            return store.lease_holder(s, name, self.clock.now()) or "unknown"
 
     def release_lease(self, name: str, holder: str) -> None:
         with self.tx() as s:
@@ -118,8 +120,8 @@ class Services:
 
 
 def build_services(settings: Settings, **kwargs: Any) -> Services:
-    engine = store.make_engine(settings.db_url)
-    sessions = store.session_factory(engine)
+    engine = make_engine(settings.db_url)
+    sessions = session_factory(engine)
     backend = kwargs.pop("backend", None) or make_backend(settings.slurm_backend)
     policy = kwargs.pop("policy", None) or make_policy(settings)
     return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)

@@ -13,7 +13,7 @@ from broker.errors import NotFound, SpecError
 from broker.service.context import Services
 from broker.service.submit import submit
 from broker.service.views import job_detail, job_summary
-from broker.states import TERMINAL, AttemptState, JobState
+from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
 
@@ -55,7 +55,7 @@ def list_jobs(
         if not all_users:
             q = q.where(Job.owner_uid == caller.uid)
         if active:
-            q = q.where(Job.state.not_in([t.value for t in TERMINAL]))
+            q = q.where(Job.state.not_in(list(TERMINAL)))
         return [job_summary(s, j, now) for j in s.execute(q).scalars()]
 
 
@@ -92,10 +92,8 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
             assert job is not None
             if JobState(job.state) not in TERMINAL:
                 for a in s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalars():
-                    if a.state not in (st.value for st in (AttemptState.COMPLETED, AttemptState.FAILED,
-                                                          AttemptState.RECLAIMED, AttemptState.PREEMPTED,
-                                                          AttemptState.CANCELLED, AttemptState.TIMEOUT)):
-                        a.state = AttemptState.CANCELLED.value
+                    if a.state not in ATTEMPT_TERMINAL:
+                        a.state = AttemptState.CANCELLED
                         a.ended_at = a.ended_at or now
                 store.set_job_state(s, job, JobState.CANCELLED, f"cancelled by {caller.name}", now=now)
             out.append({"id": job.id, "state": job.state})

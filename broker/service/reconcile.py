@@ -65,7 +65,7 @@ def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
         select(Job, Attempt)
         .join(latest, latest.c.job_id == Job.id)
         .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
-        .where(Job.state.not_in([t.value for t in TERMINAL]))
+        .where(Job.state.not_in(list(TERMINAL)))
         .order_by(Job.id)
     )
     return [(j, a) for j, a in session.execute(q).all()]
@@ -82,6 +82,9 @@ def reconcile(svc: Services) -> None:
         _mark_unknown(svc, now, "Slurm controller unreachable")
         return
     svc.slurm_up(now)
+    # squeue also lists jobs that just ended; sacct is the truth for those. A job
+    # being requeued (REQUEUED...) is alive: its next run is coming.
+    queue = [j for j in queue if j.state not in ATTEMPT_TERMINAL or j.state_raw.startswith("REQUEUE")]
     by_id = {j.job_id: j for j in queue}
     by_name = {j.name: j for j in queue}
     plan = TickPlan()
@@ -135,7 +138,7 @@ def reconcile(svc: Services) -> None:
             row = names.get(slurm_name(job.key, att.number))
             if row is not None:
                 att.slurm_job_id = row.job_id
-                store.add_event(s, job.id, "adopted", f"found Slurm job {row.job_id} by key after a restart", now=now)
+                store.add_event(s, "adopted", f"found Slurm job {row.job_id} by key after a restart", now=now, job_id=job.id)
                 _settle(s, svc, job, att, by_job.get(row.job_id, [row]), None, now, plan)
             else:
                 # The intent is stored but Slurm never got the job: submit it now.
@@ -148,7 +151,7 @@ def reconcile(svc: Services) -> None:
 def _adopt(s: Session, job: Job, att: Attempt, sj: SlurmJob, now: datetime) -> None:
     att.slurm_job_id = sj.job_id
     att.slurm_restarts = sj.restarts
-    store.add_event(s, job.id, "adopted", f"found Slurm job {sj.job_id} by key after a restart", now=now)
+    store.add_event(s, "adopted", f"found Slurm job {sj.job_id} by key after a restart", now=now, job_id=job.id)
 
 
 def _follow(
@@ -161,34 +164,43 @@ def _follow(
     plan: TickPlan,
     need_history: dict[int, tuple[Job, Attempt]],
 ) -> None:
-    started = _utc(sj.start_time) if sj.state == AttemptState.RUNNING else None
-    new_run = sj.restarts > (att.slurm_restarts or 0) or (
-        att.state == AttemptState.RUNNING.value and sj.state == AttemptState.PENDING
+    booting = sj.state_raw == "CONFIGURING"
+    running = sj.state == AttemptState.RUNNING and not booting
+    new_run = (
+        sj.restarts > (att.slurm_restarts or 0)
+        or sj.state_raw.startswith("REQUEUE")
+        or (att.state == AttemptState.RUNNING and sj.state == AttemptState.PENDING)
     )
-    if not new_run and started and att.started_at and abs((started - _utc(att.started_at)).total_seconds()) > 2:  # type: ignore[operator]
-        new_run = True
     if new_run:
         # Slurm requeued it (node failure = spot reclaim, or preemption): the attempt is over.
         need_history[sj.job_id] = (job, att)
         return
-    if sj.state == AttemptState.RUNNING:
-        if att.state != AttemptState.RUNNING.value:
-            att.state = AttemptState.RUNNING.value
-            att.started_at = started or now
+    if booting:
+        att.nodes = ",".join(sj.nodes)
+        _move(s, job, JobState.PENDING, f"waiting for {att.nodes} to boot", now)
+    elif running:
+        started = _utc(sj.start_time) or now
+        if att.started_at != started:
+            att.started_at = started  # the real start, once the node has booted
+        if att.state != AttemptState.RUNNING:
+            att.state = AttemptState.RUNNING
             att.nodes = ",".join(sj.nodes)
-            store.add_event(s, job.id, "running", f"attempt {att.number} runs on {att.nodes}", now=now)
+            store.add_event(s, "running", f"attempt {att.number} runs on {att.nodes}", now=now, job_id=job.id)
         _move(s, job, JobState.RUNNING, f"running on {','.join(sj.nodes)}", now)
     elif sj.state == AttemptState.PENDING:
-        if att.state == AttemptState.SUBMITTING.value:
-            att.state = AttemptState.PENDING.value
+        if att.state == AttemptState.SUBMITTING:
+            att.state = AttemptState.PENDING
         held = "held" in (sj.reason or "").lower()
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
+        if sj.reason == "BeginTime":
+            # gbroker never asks for a begin time: this is Slurm's requeue delay. Skip it.
+            plan.start_now.append(sj.job_id)
     elif sj.state == AttemptState.UNKNOWN:
         _move(s, job, JobState.UNKNOWN, f"Slurm state {sj.state_raw}", now)
 
 
 def _move(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:
-    if job.state != state.value or (job.reason or "") != reason:
+    if job.state != state or (job.reason or "") != reason:
         store.set_job_state(s, job, state, reason, now=now)
 
 
@@ -218,25 +230,22 @@ def _settle(
     att.exit_code = final.exit_code
     state = final.state
     if state == AttemptState.COMPLETED:
-        att.state = state.value
+        att.state = state
         job.done_s = max(job.done_s or 0, _run_s(att))
         store.set_job_state(s, job, JobState.COMPLETED, "completed", now=now)
-        job.finished_at = now
     elif state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
-        att.state = state.value
+        att.state = state
         att.lost_s = _lost_s(job, att)
         job.reclaims = (job.reclaims or 0) + 1
         _recover(s, svc, job, att, now, plan, requeued=None)
     elif state == AttemptState.CANCELLED:
-        att.state = state.value
+        att.state = state
         store.set_job_state(s, job, JobState.CANCELLED, f"cancelled in Slurm ({final.state_raw})", now=now)
-        job.finished_at = now
     elif state == AttemptState.TIMEOUT:
-        att.state = state.value
+        att.state = state
         store.set_job_state(s, job, JobState.TIMEOUT, "ran out of its time limit", now=now)
-        job.finished_at = now
     elif state == AttemptState.FAILED:
-        att.state = state.value
+        att.state = state
         job.failures = (job.failures or 0) + 1
         spec = spec_from_dict(json.loads(job.spec_json))
         if job.failures > spec.max_retries:
@@ -246,7 +255,6 @@ def _settle(
                 f"see {spec.workdir}/gbroker-{job.id}.out",
                 now=now,
             )
-            job.finished_at = now
         else:
             nxt = store.add_attempt(s, job, partition=att.partition, capacity=att.capacity, now=now)
             store.set_job_state(s, job, JobState.RECOVERING, f"retry {job.failures} after exit {final.exit_code}", now=now)
@@ -276,7 +284,7 @@ def _requeued(
         att.started_at = att.started_at or _utc(last.start)
         att.nodes = att.nodes or ",".join(last.nodelist)
     att.ended_at = att.ended_at or now
-    att.state = outcome.value
+    att.state = outcome
     att.lost_s = _lost_s(job, att)
     job.reclaims = (job.reclaims or 0) + 1
     _recover(s, svc, job, att, now, plan, requeued=sj)
@@ -305,20 +313,22 @@ def _recover(
     decision = svc.policy.on_preempt(view, attempt_views(attempts), market_view(svc))
     lost = f"{att.lost_s}s of work lost" if att.lost_s is not None else "lost work unknown"
     store.add_event(
-        s, job.id, att.state,
-        f"attempt {att.number} {att.state} on {att.nodes or '?'} ({lost}); policy: {decision.action.value} — {decision.reason}",
-        now=now,
+        s, att.state.value,
+        f"attempt {att.number} {att.state.value} on {att.nodes or '?'} ({lost}); "
+        f"policy: {decision.action.value} — {decision.reason}",
+        now=now, job_id=job.id,
     )
     if decision.action == Action.GIVE_UP:
         if requeued is not None:
             plan.cancel.append(requeued.job_id)
         store.set_job_state(s, job, JobState.DEADLINE_MISSED, decision.reason, now=now)
-        job.finished_at = now
         return
-    capacity = "ondemand" if decision.action == Action.MOVE_ONDEMAND else att.capacity
-    if decision.action == Action.RESUME_SPOT:
-        capacity = "spot"
-    partition = svc.settings.partition_for(capacity)
+    capacity = Capacity(att.capacity)
+    if decision.action == Action.MOVE_ONDEMAND:
+        capacity = Capacity.ONDEMAND
+    elif decision.action == Action.RESUME_SPOT:
+        capacity = Capacity.SPOT
+    partition = svc.settings.partition_for(capacity.value)
     nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
     job.capacity, job.partition = capacity, partition
     store.set_job_state(s, job, JobState.RECOVERING, f"{decision.action.value}: {decision.reason}", now=now)
@@ -326,14 +336,14 @@ def _recover(
         # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
         nxt.slurm_job_id = requeued.job_id
         nxt.slurm_restarts = requeued.restarts
-        nxt.state = AttemptState.PENDING.value
+        nxt.state = AttemptState.PENDING
         if requeued.state == AttemptState.PENDING:
             if partition != requeued.partition:
                 plan.to_ondemand.append(requeued.job_id)
             if decision.action != Action.WAIT:
                 plan.start_now.append(requeued.job_id)
         elif requeued.state == AttemptState.RUNNING:
-            nxt.state = AttemptState.RUNNING.value
+            nxt.state = AttemptState.RUNNING
             nxt.started_at = _utc(requeued.start_time) or now
             nxt.nodes = ",".join(requeued.nodes)
             store.set_job_state(s, job, JobState.RUNNING, f"running on {nxt.nodes}", now=now)
@@ -391,14 +401,13 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
                 job = s.get(Job, job_id)
                 att = s.get(Attempt, attempt_id)
                 assert job is not None and att is not None
-                att.state = AttemptState.FAILED.value
+                att.state = AttemptState.FAILED
                 att.ended_at = now
                 store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the resubmission: {exc.stderr.strip()}", now=now)
-                job.finished_at = now
-
+        
 
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:
     with svc.tx() as s:
         for job, _ in active_with_latest(s):
-            if job.state in (JobState.PENDING.value, JobState.RUNNING.value, JobState.HELD.value, JobState.RECOVERING.value):
+            if job.state in (JobState.PENDING, JobState.RUNNING, JobState.HELD, JobState.RECOVERING):
                 store.set_job_state(s, job, JobState.UNKNOWN, why, now=now)

@@ -23,8 +23,9 @@ from broker.service.placement import capacity_of_partition, job_view, market_vie
 from broker.service.views import job_summary
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.script import render_batch_script
-from broker.spec import JobSpec, parse_spec, spec_from_dict, spec_to_dict
+from broker.spec import JobSpec, spec_from_dict
 from broker.states import AttemptState, JobState
+from policies import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
     now = svc.clock.now()
     if not isinstance(spec_data, dict):
         raise SpecError("the job spec must be a table of fields")
-    spec = parse_spec(
+    spec = spec_from_dict(
         spec_data,
         now=now,
         partitions=svc.settings.partitions,
@@ -66,20 +67,16 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         job = store.create_job(
             s,
             key=key,
+            spec=spec,
             owner_uid=caller.uid,
             owner_name=caller.name,
-            group_name=spec.group,
-            name=spec.name,
-            kind=spec.kind,
-            spec_json=json.dumps(spec_to_dict(spec)),
             placement_policy=svc.policy.name,
-            capacity=capacity,
+            capacity=Capacity(capacity),
             partition=partition,
-            deadline=spec.deadline,
             now=now,
         )
-        attempt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
-        store.add_event(s, job.id, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now)
+        attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
+        store.add_event(s, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now, job_id=job.id)
         job_id, attempt_id = job.id, attempt.id
     svc.crash.reach("after_intent")
 
@@ -91,13 +88,14 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
         log.warning("submit of job %s deferred: %s", job_id, exc)
     except SlurmError as exc:
-        # Slurm refused it (bad account, partition...): nothing is left half-created.
+        # The pre-flight passed but sbatch refused anyway: keep the record, say why.
         with svc.tx() as s:
-            store.delete_job(s, job_id)
-            store.add_event(s, None, "refused", f"{caller.name}: sbatch refused: {exc.stderr.strip()}", now=now)
+            job = s.get(Job, job_id)
+            assert job is not None
+            store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the job: {exc.stderr.strip()}", now=now)
         raise SpecError(
             f"Slurm refused the job: {exc.stderr.strip() or exc.message}",
-            hint="check --group (your Slurm account) and the partition; nothing was submitted",
+            hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
     with svc.sessions() as s:
         job = s.get(Job, job_id)
@@ -134,10 +132,14 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
         attempt = s.get(Attempt, attempt_id)
         assert job is not None and attempt is not None
         attempt.slurm_job_id = slurm_id
-        attempt.state = AttemptState.PENDING.value
-        if job.state in (JobState.ADMITTED.value, JobState.RECOVERING.value, JobState.UNKNOWN.value):
+        attempt.submitted_at = now
+        attempt.state = AttemptState.PENDING
+        if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
             store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
-        store.add_event(s, job.id, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}", now=now)
+        store.add_event(
+            s, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}",
+            now=now, job_id=job.id,
+        )
     svc.inflight.discard(attempt_id)
     svc.crash.reach("after_commit")
     return slurm_id
@@ -145,15 +147,17 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
 
 def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
     workdir = spec.workdir or "/tmp"
-    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/gbroker-{job.id}.ck"
+    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/.gbroker/{job.id}"
+    program: dict[str, object] = (
+        {"command": list(spec.command)} if spec.command else {"script_text": spec.script}
+    )
     script = render_batch_script(
         job_id=job.id,
         attempt=attempt.number,
         checkpoint_dir=checkpoint_dir,
-        command=list(spec.command) if spec.command else None,
-        script_text=spec.script if not spec.command else None,
         resume_from=checkpoint_dir if attempt.number > 1 else None,
         warning_signal_s=spec.signal_lead_s,
+        **program,  # type: ignore[arg-type]
     )
     run_as = job.owner_name if _daemon_is_root() else None
     return SubmitRequest(
@@ -168,7 +172,7 @@ def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> S
         gpus_per_node=spec.gpus_per_node,
         time_limit_s=spec.time_limit_s,
         output=f"{workdir}/gbroker-{job.id}.out",
-        requeue=attempt.capacity == "spot",
+        requeue=attempt.capacity == Capacity.SPOT,
         env=dict(spec.env),
         signal=f"B:USR1@{spec.signal_lead_s}",
     )

@@ -176,10 +176,11 @@ def broker_daemon(slurm_cluster: Any):
         {
             "GBROKER_DB_URL": f"sqlite:///{work}/gbroker.db",
             "GBROKER_TICK_SECONDS": "1",
-            "GBROKER_CONFIG": str(work / "none.toml"),
+            "GBROKER_CONFIG": str(work / "gbroker.toml"),
             "PYTHONPATH": str(SRC),
         }
     )
+    (work / "gbroker.toml").write_text("# defaults; the environment sets the rest\n")
     d = BrokerDaemon(
         workdir=user_dir(work / "jobs", "alice"),
         socket=str(work / "gbroker.sock"),
