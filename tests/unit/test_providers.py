@@ -568,6 +568,63 @@ def test_aws_launch_salts_a_token_that_answers_with_a_dead_instance() -> None:
     assert fake.launches == 1
 
 
+class SpotRequestEc2:
+    """Stands in for the two EC2 reads behind interruptions() (moto does not link
+    RunInstances spot instances to spot requests, so this path needs a stand-in)."""
+
+    def __init__(self, raws: list[dict[str, Any]], statuses: dict[str, str]) -> None:
+        self.raws = raws
+        self.statuses = statuses
+        self.asked: list[str] = []
+
+    def get_paginator(self, name: str) -> Any:
+        assert name == "describe_instances"
+        raws = self.raws
+
+        class Pages:
+            def paginate(self, Filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                assert Filters[0] == {"Name": "tag:gbroker:cluster", "Values": ["lab"]}
+                return [{"Reservations": [{"Instances": raws}]}]
+
+        return Pages()
+
+    def describe_spot_instance_requests(self, Filters: list[dict[str, Any]]) -> dict[str, Any]:
+        (flt,) = Filters
+        assert flt["Name"] == "spot-instance-request-id"
+        self.asked.extend(flt["Values"])
+        return {"SpotInstanceRequests": [
+            {"SpotInstanceRequestId": sir, "Status": {"Code": self.statuses[sir]}}
+            for sir in flt["Values"]
+        ]}
+
+
+def raw_spot(iid: str, node: str, state: str, sir: str | None, spot: bool = True) -> dict[str, Any]:
+    raw: dict[str, Any] = {"InstanceId": iid, "State": {"Name": state}, "LaunchTime": T0,
+                           "Tags": [{"Key": "gbroker:node", "Value": node}]}
+    if spot:
+        raw["InstanceLifecycle"] = "spot"
+    if sir:
+        raw["SpotInstanceRequestId"] = sir
+    return raw
+
+
+def test_aws_interruptions_read_the_two_minute_notice_from_spot_requests() -> None:
+    p = aws_provider()
+    fake = SpotRequestEc2(
+        [
+            raw_spot("i-1", "spot1", "running", "sir-1"),  # notice given, still running
+            raw_spot("i-2", "spot2", "running", "sir-2"),  # healthy
+            raw_spot("i-3", "spot3", "terminated", "sir-3"),  # we suspended it
+            raw_spot("i-4", "od1", "running", None, spot=False),
+        ],
+        {"sir-1": "marked-for-termination", "sir-2": "fulfilled",
+         "sir-3": "instance-terminated-by-user"},
+    )
+    p._ec2 = fake
+    assert p.interruptions() == ["spot1"]
+    assert sorted(fake.asked) == ["sir-1", "sir-2"]  # dead and on-demand need no lookup
+
+
 # --------------------------------------------------------------------------- local provider
 
 
