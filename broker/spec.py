@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import SpecError
+
+T = TypeVar("T")
 
 KINDS: tuple[str, ...] = ("render", "simulation", "finetune", "other")
 CHECKPOINT_STYLES: tuple[str, ...] = ("signal", "pieces", "none")
@@ -302,6 +304,28 @@ def _close_match(word: str, choices: tuple[str, ...], cutoff: float = 0.6) -> st
     return close[0] if close else None
 
 
+class SpecProblems(SpecError):
+    """Several problems in one request; ``problems`` holds one SpecError per problem."""
+
+    def __init__(self, problems: list[SpecError]) -> None:
+        self.problems = problems
+        lines = []
+        for p in problems:
+            lines.append(f"  - {p.message}")
+            if p.hint:
+                lines.append(f"      hint: {p.hint}")
+        super().__init__(f"{len(problems)} problems in the job spec:\n" + "\n".join(lines),
+                         hint="fix them all, then submit again")
+
+
+def _combine(errors: list[SpecError]) -> SpecError:
+    """One error as is; several as one SpecProblems (flattened), a line per problem."""
+    flat: list[SpecError] = []
+    for e in errors:
+        flat.extend(e.problems if isinstance(e, SpecProblems) else [e])
+    return flat[0] if len(flat) == 1 else SpecProblems(flat)
+
+
 def _type_name(value: Any) -> str:
     return {bool: "true/false", int: "a whole number", float: "a decimal number", str: "a string",
             list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
@@ -335,15 +359,19 @@ class _Parser:
 
     @staticmethod
     def check_keys(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+        errors = []
         for key in data:
             if not isinstance(key, str):
-                raise SpecError(f"{where}: keys must be strings, got {key!r}")
+                errors.append(SpecError(f"{where}: keys must be strings, got {key!r}"))
+                continue
             if key in known:
                 continue
             close = _close_match(key, known)
             label = f"{where}.{key}" if where != "job" else key
             hint = f"did you mean {close}?" if close else f"known keys: {', '.join(known)}"
-            raise SpecError(f"{label}: unknown key", hint=hint)
+            errors.append(SpecError(f"{label}: unknown key", hint=hint))
+        if errors:
+            raise _combine(errors)
 
     def integer(self, data: Mapping[str, Any], fld: str, default: int, lo: int, hi: int, why_hi: str) -> int:
         value = data.get(fld, default)
@@ -397,43 +425,50 @@ class _Parser:
     # -- the fields ------------------------------------------------------------
 
     def parse(self, data: Mapping[str, Any]) -> JobSpec:
+        """Check every field, then raise one SpecError listing every problem (fix all in one go)."""
         if not isinstance(data, Mapping):
             raise SpecError(f"job: expected a table of settings, got {_type_name(data)}")
-        self.check_keys(data, TOP_LEVEL_KEYS, "job")
+        errors: list[SpecError] = []
 
-        kind = self.kind(data)
-        group_raw = self.string(data, "group")
-        if group_raw is None:
-            raise self.fail("group", "missing", hint='name the Slurm account to charge: group = "mylab"')
-        group = self.name("group", group_raw)
-        gpus_per_node = self.integer(data, "gpus_per_node", 1, 1, self.max_gpus_per_node,
-                                     "the largest node has that many GPUs")
-        nodes = self.integer(data, "nodes", 1, 1, self.max_nodes, "the cluster's limit per job")
-        time_limit_s = self.time_limit(data)
-        deadline = self.deadline(data, time_limit_s)
-        interruptible = data.get("interruptible", True)
-        if not isinstance(interruptible, bool):
-            raise self.fail("interruptible", f"must be true or false, got {interruptible!r}")
-        style, ckpt_dir = self.checkpoint(data)
-        partition = self.partition(data)
-        command = self.command(data)
-        script, script_path = self.script(data)
-        if command is None and script is None:
-            raise SpecError("command: give a command (a list) or a script",
-                            hint='command = ["python", "train.py"]  or  script = "/abs/path/job.sh"')
-        if command is not None and script is not None:
-            raise SpecError("command/script: give one of command or script, not both")
-        workdir = None if data.get("workdir") is None else self.path("workdir", data["workdir"])
-        env = self.env(data)
-        max_retries = self.integer(data, "max_retries", DEFAULT_MAX_RETRIES, 0, MAX_RETRIES_LIMIT, "the limit")
-        # A short job given no lead gets warned half-way rather than refused.
-        default_lead = min(DEFAULT_SIGNAL_LEAD_S, time_limit_s // 2)
-        signal_lead_s = self.integer(data, "signal_lead_s", default_lead, 0, MAX_SIGNAL_LEAD_S, "one hour")
-        if signal_lead_s >= time_limit_s:
-            raise self.fail("signal_lead_s", f"{signal_lead_s}s is not shorter than the time limit ({time_limit_s}s)",
-                            hint="the warning signal must come before the job ends; lower signal_lead_s")
-        name_raw = self.string(data, "name")
-        name = self.name("name", name_raw) if name_raw is not None else _default_name(command, script_path, kind)
+        def check(fn: Callable[..., T], *args: Any, fallback: T) -> T:
+            try:
+                return fn(*args)
+            except SpecError as exc:
+                errors.append(exc)
+                return fallback
+
+        check(self.check_keys, data, TOP_LEVEL_KEYS, "job", fallback=None)
+        kind = check(self.kind, data, fallback="other")
+        group = check(self.group, data, fallback="")
+        gpus_per_node = check(self.integer, data, "gpus_per_node", 1, 1, self.max_gpus_per_node,
+                              "the largest node has that many GPUs", fallback=1)
+        nodes = check(self.integer, data, "nodes", 1, 1, self.max_nodes, "the cluster's limit per job", fallback=1)
+        time_limit_s: int | None = check(self.time_limit, data, fallback=None)
+        deadline = check(self.deadline, data, time_limit_s, fallback=None)
+        interruptible = check(self.boolean, data, "interruptible", True, fallback=True)
+        no_ckpt: tuple[str, str | None] = ("none", None)
+        style, ckpt_dir = check(self.checkpoint, data, fallback=no_ckpt)
+        partition = check(self.partition, data, fallback=None)
+        command = check(self.command, data, fallback=None)
+        no_script: tuple[str | None, str | None] = (None, None)
+        script, script_path = check(self.script, data, fallback=no_script)
+        if data.get("command") is None and data.get("script") is None:
+            errors.append(SpecError("command: give a command (a list) or a script",
+                                    hint='command = ["python", "train.py"]  or  script = "/abs/path/job.sh"'))
+        elif data.get("command") is not None and data.get("script") is not None:
+            errors.append(SpecError("command/script: give one of command or script, not both"))
+        workdir = None if data.get("workdir") is None else check(self.path, "workdir", data["workdir"], fallback=None)
+        no_env: tuple[tuple[str, str], ...] = ()
+        env = check(self.env, data, fallback=no_env)
+        max_retries = check(self.integer, data, "max_retries", DEFAULT_MAX_RETRIES, 0, MAX_RETRIES_LIMIT,
+                            "the limit", fallback=DEFAULT_MAX_RETRIES)
+        signal_lead_s = check(self.signal_lead, data, time_limit_s, fallback=DEFAULT_SIGNAL_LEAD_S)
+        name_raw = check(self.string, data, "name", fallback=None)
+        name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
+                else _default_name(command, script_path, kind))
+        if errors:
+            raise _combine(errors)
+        assert time_limit_s is not None
         return JobSpec(
             name=name, kind=kind, group=group, time_limit_s=time_limit_s, gpus_per_node=gpus_per_node,
             nodes=nodes, deadline=deadline, interruptible=interruptible, checkpoint_style=style,
@@ -441,6 +476,27 @@ class _Parser:
             script_path=script_path, workdir=workdir, env=env, max_retries=max_retries,
             signal_lead_s=signal_lead_s,
         )
+
+    def group(self, data: Mapping[str, Any]) -> str:
+        raw = self.string(data, "group")
+        if raw is None:
+            raise self.fail("group", "missing", hint='name the Slurm account to charge: group = "mylab"')
+        return self.name("group", raw)
+
+    def boolean(self, data: Mapping[str, Any], fld: str, default: bool) -> bool:
+        value = data.get(fld, default)
+        if not isinstance(value, bool):
+            raise self.fail(fld, f"must be true or false, got {value!r}")
+        return value
+
+    def signal_lead(self, data: Mapping[str, Any], time_limit_s: int | None) -> int:
+        # A short job given no lead gets warned half-way rather than refused.
+        default_lead = DEFAULT_SIGNAL_LEAD_S if time_limit_s is None else min(DEFAULT_SIGNAL_LEAD_S, time_limit_s // 2)
+        lead = self.integer(data, "signal_lead_s", default_lead, 0, MAX_SIGNAL_LEAD_S, "one hour")
+        if time_limit_s is not None and lead >= time_limit_s:
+            raise self.fail("signal_lead_s", f"{lead}s is not shorter than the time limit ({time_limit_s}s)",
+                            hint="the warning signal must come before the job ends; lower signal_lead_s")
+        return lead
 
     def kind(self, data: Mapping[str, Any]) -> str:
         kind = data.get("kind", "other")
@@ -453,7 +509,7 @@ class _Parser:
     def time_limit(self, data: Mapping[str, Any]) -> int:
         value = data.get("time_limit")
         if value is None:
-            raise self.fail("time_limit", "missing", hint=f'time_limit = "2h"  ({DURATION_HELP})')
+            raise self.fail("time_limit", "missing", hint='add e.g. time_limit = "2h" (a bare number is minutes, as in Slurm)')
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise self.fail("time_limit", f"must be a duration string, got {_type_name(value)} {value!r}",
                             hint=DURATION_HELP)
@@ -467,7 +523,7 @@ class _Parser:
             raise self.fail("time_limit", f"{value!r} is longer than a year", hint="split the work into shorter jobs")
         return seconds
 
-    def deadline(self, data: Mapping[str, Any], time_limit_s: int) -> datetime | None:
+    def deadline(self, data: Mapping[str, Any], time_limit_s: int | None) -> datetime | None:
         value = data.get("deadline")
         if value is None:
             return None
@@ -512,7 +568,7 @@ class _Parser:
             if when <= self.now:
                 raise self.fail("deadline", f"{when.isoformat()} is in the past",
                                 hint="give a future date-time, or leave the deadline out")
-            if when < self.now + timedelta(seconds=time_limit_s):
+            if time_limit_s is not None and when < self.now + timedelta(seconds=time_limit_s):
                 raise self.fail("deadline", f"{when.isoformat()} is sooner than now + time_limit "
                                 f"({format_duration(time_limit_s)})",
                                 hint="move the deadline later or shorten time_limit")

@@ -20,6 +20,7 @@ from broker.spec import (
     KINDS,
     TOP_LEVEL_KEYS,
     JobSpec,
+    SpecProblems,
     forbidden_sbatch_option,
     load_job_file,
     parse_duration,
@@ -461,3 +462,22 @@ def test_valid_specs_survive_the_round_trip(data: dict[str, Any], deadline_extra
     wire = json.loads(json.dumps(spec_to_dict(spec)))
     assert spec_from_dict(wire, now=NOW, partitions=PARTITIONS) == spec
     assert spec_from_dict(wire) == spec
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    data = {"group": "vision", "gpu_per_node": 2, "colour": "blue", "nodes": 0,
+            "script": "#!/bin/bash\n#SBATCH --partition=ondemand\nhostname\n"}
+    with pytest.raises(SpecError) as info:
+        parse(data)
+    text = str(info.value)
+    assert text.startswith("5 problems in the job spec:")
+    for fragment in ("gpu_per_node: unknown key\n      hint: did you mean gpus_per_node?", "colour: unknown key",
+                     "nodes: must be at least 1", "time_limit: missing", "script: line 2", "--partition"):
+        assert fragment in text, text
+    assert isinstance(info.value, SpecProblems) and len(info.value.problems) == 5
+
+
+def test_one_problem_reads_as_one_line() -> None:
+    with pytest.raises(SpecError) as info:
+        parse(with_(nodes=0)())
+    assert info.value.message == "nodes: must be at least 1, got 0"
