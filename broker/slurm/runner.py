@@ -37,6 +37,9 @@ UNAVAILABLE_MARKERS: tuple[str, ...] = (
     "socket timed out",
     "connection refused",
     "connection timed out",
+    # scontrol's job updates (hold, release, requeue, update) report a dead
+    # controller only as this protocol error.
+    "unexpected message received",
     "communication connection failure",
     "zero bytes were transmitted or received",
     "transport endpoint is not connected",

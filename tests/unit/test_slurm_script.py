@@ -1,0 +1,177 @@
+"""The batch script: golden files, quoting, refusals, and real signal forwarding under bash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.errors import SpecError
+from broker.slurm.script import HEADER, render_batch_script
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+HOSTILE_ARG = "it's; $(rm -rf /)"
+
+
+def resume_script() -> str:
+    return render_batch_script(
+        job_id="j-000042",
+        attempt=2,
+        checkpoint_dir="/scratch/ck/j 42",
+        command=["python3", "train.py", "--name", HOSTILE_ARG, "#SBATCH --partition=od"],
+        resume_from="/scratch/ck/j 42/step-900",
+        warning_signal_s=120,
+    )
+
+
+def test_golden_resumed_attempt() -> None:
+    assert resume_script() == (DATA / "golden_resume.sh").read_text()
+
+
+def test_golden_first_attempt_from_a_script_path() -> None:
+    got = render_batch_script(
+        job_id="j-000007", attempt=0, checkpoint_dir="/scratch/ck/j7", script_path="/home/alice/run.sh"
+    )
+    assert got == (DATA / "golden_first.sh").read_text()
+    assert "GBROKER_RESUME_FROM" not in got
+    assert "/bin/bash /home/alice/run.sh &" in got
+
+
+def test_nothing_from_the_user_before_the_first_command() -> None:
+    text = resume_script()
+    lines = text.splitlines()
+    first_cmd = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
+    assert "\n".join(lines[:first_cmd]) + "\n" == "\n".join(HEADER.splitlines()[:first_cmd]) + "\n"
+    # no line of the script can be read by sbatch as a directive
+    assert not any(ln.lstrip().startswith("#SBATCH") for ln in lines)
+
+
+def test_user_values_are_quoted() -> None:
+    text = resume_script()
+    assert "'it'\"'\"'s; $(rm -rf /)'" in text
+    assert "export GBROKER_CHECKPOINT_DIR='/scratch/ck/j 42'" in text
+    assert "$(rm -rf /)' " in text  # inside single quotes, never bare
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"command": ["python3", "a\nb"]},
+        {"command": ["python3", "a\0b"]},
+        {"command": ["python3"], "checkpoint_dir": "/ck\n#SBATCH --partition=x"},
+        {"command": ["python3"], "resume_from": "/ck/a\rb"},
+        {"command": []},
+        {"command": [""]},
+        {"command": ["x"], "script_path": "/y"},
+        {},
+        {"command": ["x"], "job_id": "a b"},
+        {"command": ["x"], "job_id": "../x\n"},
+        {"command": ["x"], "attempt": -1},
+        {"command": ["x"], "warning_signal_s": -5},
+    ],
+)
+def test_refusals(kwargs: dict) -> None:
+    base = {"job_id": "j1", "attempt": 0, "checkpoint_dir": "/ck"}
+    with pytest.raises(SpecError):
+        render_batch_script(**{**base, **kwargs})
+
+
+# ------------------------------------------------------------ running it for real
+
+PROGRAM = r"""
+import os, signal, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+mode = sys.argv[2]
+got = []
+def on(sig, frame):
+    got.append(sig)
+    log.write(f"got {signal.Signals(sig).name}\n")
+signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGTERM, on)
+log.write(f"start {os.environ['GBROKER_JOB_ID']} {os.environ['GBROKER_ATTEMPT']} "
+          f"{os.environ['GBROKER_CHECKPOINT_DIR']} {os.environ.get('GBROKER_RESUME_FROM', '-')}\n")
+deadline = time.time() + 20
+while time.time() < deadline:
+    if mode == "exit-after-signal" and got:
+        time.sleep(0.5)             # "checkpointing" takes a while after the signal
+        log.write("checkpointed\n")
+        sys.exit(7)
+    if mode == "keep-going" and len(got) >= 2:
+        log.write("two signals\n")
+        sys.exit(0)
+    if mode == "exit3":
+        sys.exit(3)
+    time.sleep(0.05)
+sys.exit(99)
+"""
+
+
+def _start(tmp_path: Path, mode: str, resume: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    log = tmp_path / "log.txt"
+    ck = tmp_path / "ck dir"
+    script = tmp_path / "batch.sh"
+    script.write_text(
+        render_batch_script(
+            job_id="j-1",
+            attempt=3,
+            checkpoint_dir=str(ck),
+            command=[sys.executable, str(prog), str(log), mode],
+            resume_from=resume,
+            warning_signal_s=60,
+        )
+    )
+    proc = subprocess.Popen(["/bin/bash", str(script)])
+    _wait_for(log, "start")
+    return proc, log
+
+
+def _wait_for(log: Path, text: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} never appeared in {log}: {log.read_text() if log.exists() else ''}")
+
+
+def test_usr1_is_forwarded_and_the_script_waits_for_the_real_exit(tmp_path: Path) -> None:
+    proc, log = _start(tmp_path, "exit-after-signal", resume="/ck/step-5")
+    assert (tmp_path / "ck dir").is_dir()
+    proc.send_signal(signal.SIGUSR1)
+    code = proc.wait(timeout=15)
+    lines = log.read_text().splitlines()
+    assert lines[0] == f"start j-1 3 {tmp_path / 'ck dir'} /ck/step-5"
+    assert lines[1:] == ["got SIGUSR1", "checkpointed"]
+    assert code == 7  # the program's own status, not 128+USR1
+
+
+def test_term_is_forwarded_and_repeated_signals_keep_waiting(tmp_path: Path) -> None:
+    proc, log = _start(tmp_path, "keep-going")
+    proc.send_signal(signal.SIGUSR1)
+    _wait_for(log, "got SIGUSR1")
+    assert proc.poll() is None  # one signal: the program goes on, so does the script
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=15)
+    assert log.read_text().splitlines()[1:] == ["got SIGUSR1", "got SIGTERM", "two signals"]
+    assert code == 0
+
+
+def test_exit_status_is_the_programs(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, "exit3")
+    assert proc.wait(timeout=15) == 3
+
+
+def test_program_killed_by_a_signal_reports_it(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, "keep-going")
+    pgrep = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True)
+    child = int(pgrep.stdout.split()[0])
+    os.kill(child, signal.SIGKILL)
+    assert proc.wait(timeout=15) == 128 + signal.SIGKILL
