@@ -79,6 +79,10 @@ class Daemon:
             coalesce=True,
             next_run_time=None,
         )
+        for job_id, func, seconds in self.services.periodic_jobs():
+            self.scheduler.add_job(
+                func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True
+            )
         self.scheduler.add_job(
             self._renew_lease,
             "interval",

@@ -39,6 +39,13 @@ LAZY_COMMANDS = {
     # name -> "module:attribute"; imported only when that command runs.
     "daemon": "broker.cli.daemon_cmd:daemon",
     "simulate": "broker.cli.simulate:simulate",
+    "node": "broker.cli.node:node",
+    "semester": "broker.cli.admin:semester",
+    "group": "broker.cli.admin:group",
+    "quota": "broker.cli.admin:quota",
+    "price": "broker.cli.admin:price",
+    "budget": "broker.cli.admin:budget",
+    "report": "broker.cli.report:report",
 }
 
 

@@ -115,8 +115,27 @@ class Services:
         self.next_try_at = None
         self.backoff_s = 0.0
 
-    def policy_kwargs(self) -> dict[str, Any]:
-        return {}
+    def periodic_jobs(self) -> list[tuple[str, Any, float]]:
+        """(id, function, interval seconds) of the ticks beside reconcile (ledger, nodes).
+
+        Each module listed in PERIODIC contributes ``ticks(svc)``; a module that
+        is not installed contributes nothing.
+        """
+        import importlib
+
+        out: list[tuple[str, Any, float]] = []
+        for name in PERIODIC:
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    raise
+                continue
+            out.extend(module.ticks(self))
+        return out
+
+
+PERIODIC = ("broker.service.ledger", "broker.service.nodes")
 
 
 def build_services(settings: Settings, **kwargs: Any) -> Services:

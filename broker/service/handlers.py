@@ -18,7 +18,26 @@ from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 Handler = Callable[[Caller, dict[str, Any]], Any]
 
 
+EXTENSIONS = ("broker.service.budget_api", "broker.service.node_api")
+"""Modules that add operations: each has ``handlers(svc) -> dict[str, Handler]``."""
+
+
 def make_handlers(svc: Services) -> dict[str, Handler]:
+    import importlib
+
+    ops = _job_handlers(svc)
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        ops.update(module.handlers(svc))
+    return ops
+
+
+def _job_handlers(svc: Services) -> dict[str, Handler]:
     return {
         "ping": lambda caller, args: {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin},
         "submit": lambda caller, args: submit(svc, caller, args.get("spec")),  # type: ignore[arg-type]

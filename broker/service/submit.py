@@ -18,6 +18,7 @@ from broker.api import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import PermissionDenied, SlurmError, SlurmUnavailable, SpecError
+from broker.service.admission import admit
 from broker.service.context import Services
 from broker.service.placement import capacity_of_partition, job_view, market_view
 from broker.service.views import job_summary
@@ -64,6 +65,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
 
     key = new_key()
     with svc.tx() as s:
+        admission = admit(s, svc, caller, spec, capacity, partition, now)
         job = store.create_job(
             s,
             key=key,
@@ -73,6 +75,8 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
             placement_policy=svc.policy.name,
             capacity=Capacity(capacity),
             partition=partition,
+            estimate_micros=admission.estimate_micros,
+            reserved_micros=admission.reserved_micros,
             now=now,
         )
         attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
@@ -80,7 +84,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         job_id, attempt_id = job.id, attempt.id
     svc.crash.reach("after_intent")
 
-    note = ""
+    note = admission.note
     try:
         slurm_id = sbatch_attempt(svc, job_id, attempt_id)
     except SlurmUnavailable as exc:
