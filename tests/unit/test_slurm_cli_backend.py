@@ -79,7 +79,11 @@ def test_submit_environment_never_carries_daemon_secrets() -> None:
     b, fake = backend(sbatch="1\n")
     b.submit(request())
     env = fake.calls[0]["env"]
-    assert env == {"PATH": "/usr/bin:/bin", "SLURM_CONF": "/etc/lab/slurm.conf", "WANDB_MODE": "offline"}
+    assert env == {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_CONF": "/etc/lab/slurm.conf",
+        "WANDB_MODE": "offline",
+    }
 
 
 @pytest.mark.parametrize("name", ["SBATCH_PARTITION", "SLURM_ACCOUNT", "A-B", "1X", "A B", ""])
@@ -96,12 +100,20 @@ def test_submit_flags_for_hold_no_requeue_and_no_gpus() -> None:
                             output=None, signal=None, constraint=None)) == 7  # fmt: skip
     argv = fake.calls[0]["argv"]
     assert "--hold" in argv and "--no-requeue" in argv
-    assert not any(a.startswith(("--gres", "--account", "--output", "--signal", "--constraint")) for a in argv)
+    assert not any(
+        a.startswith(("--gres", "--account", "--output", "--signal", "--constraint")) for a in argv
+    )
 
 
 @pytest.mark.parametrize(
     "kw",
-    [{"job_name": "a\nb"}, {"comment": "x\0"}, {"nodes": 0}, {"gpus_per_node": -1}, {"time_limit_s": 0}],
+    [
+        {"job_name": "a\nb"},
+        {"comment": "x\0"},
+        {"nodes": 0},
+        {"gpus_per_node": -1},
+        {"time_limit_s": 0},
+    ],
 )
 def test_submit_refuses_bad_requests(kw: dict) -> None:
     b, fake = backend(sbatch="1\n")
@@ -237,7 +249,9 @@ def test_cancel_tolerates_jobs_that_are_already_gone() -> None:
     )
     b, _ = backend(scancel=gone)
     b.cancel([5])  # no error
-    other = SlurmError("x", argv=["scancel"], returncode=1, stderr="scancel: error: Access/permission denied\n")
+    other = SlurmError(
+        "x", argv=["scancel"], returncode=1, stderr="scancel: error: Access/permission denied\n"
+    )
     with pytest.raises(SlurmError):
         backend(scancel=other)[0].cancel([5])
 

@@ -234,7 +234,8 @@ class ReplayRunner:
     def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # type: ignore[no-untyped-def]
         self.counter.record(argv)
         name = f"{self.scenario}.{argv[0]}"
-        recorded = (DATA / f"{name}.argv").read_text().split("\n")[:-1]  # not splitlines: \x1e is a line break to it
+        # not splitlines(): it treats \x1e as a line break
+        recorded = (DATA / f"{name}.argv").read_text().split("\n")[:-1]
         if argv[0] == "sacct":  # the window start differs per run
             argv = [a for a in argv if not a.startswith("--starttime=")]
             recorded = [a for a in recorded if not a.startswith("--starttime=")]

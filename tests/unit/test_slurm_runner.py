@@ -29,7 +29,11 @@ def test_input_goes_to_stdin() -> None:
 
 
 def test_nonzero_exit_raises_slurm_error_with_details() -> None:
-    argv = [PY, "-c", "import sys; print('sbatch: error: invalid partition', file=sys.stderr); sys.exit(3)"]
+    argv = [
+        PY,
+        "-c",
+        "import sys; print('sbatch: error: invalid partition', file=sys.stderr); sys.exit(3)",
+    ]
     with pytest.raises(SlurmError) as info:
         run(argv)
     err = info.value
@@ -66,7 +70,9 @@ def test_controller_unreachable_raises_unavailable(stderr: str) -> None:
 
 def test_unavailable_is_a_slurm_error_but_not_the_reverse() -> None:
     assert issubclass(SlurmUnavailable, SlurmError)
-    assert not is_unavailable("sbatch: error: Batch job submission failed: Invalid partition name specified")
+    assert not is_unavailable(
+        "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    )
 
 
 def test_timeout_raises_unavailable_quickly() -> None:

@@ -36,7 +36,10 @@ def test_golden_resumed_attempt() -> None:
 
 def test_golden_first_attempt_from_a_script_path() -> None:
     got = render_batch_script(
-        job_id="j-000007", attempt=0, checkpoint_dir="/scratch/ck/j7", script_path="/home/alice/run.sh"
+        job_id="j-000007",
+        attempt=0,
+        checkpoint_dir="/scratch/ck/j7",
+        script_path="/home/alice/run.sh",
     )
     assert got == (DATA / "golden_first.sh").read_text()
     assert "GBROKER_RESUME_FROM" not in got
@@ -112,7 +115,9 @@ sys.exit(99)
 """
 
 
-def _start(tmp_path: Path, mode: str, resume: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(
+    tmp_path: Path, mode: str, resume: str | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
     log = tmp_path / "log.txt"
@@ -139,7 +144,9 @@ def _wait_for(log: Path, text: str, timeout: float = 10) -> None:
         if log.exists() and text in log.read_text():
             return
         time.sleep(0.02)
-    raise AssertionError(f"{text!r} never appeared in {log}: {log.read_text() if log.exists() else ''}")
+    raise AssertionError(
+        f"{text!r} never appeared in {log}: {log.read_text() if log.exists() else ''}"
+    )
 
 
 def test_usr1_is_forwarded_and_the_script_waits_for_the_real_exit(tmp_path: Path) -> None:
@@ -171,7 +178,9 @@ def test_exit_status_is_the_programs(tmp_path: Path) -> None:
 
 def test_program_killed_by_a_signal_reports_it(tmp_path: Path) -> None:
     proc, _ = _start(tmp_path, "keep-going")
-    pgrep = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True)
+    pgrep = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
+    )
     child = int(pgrep.stdout.split()[0])
     os.kill(child, signal.SIGKILL)
     assert proc.wait(timeout=15) == 128 + signal.SIGKILL

@@ -69,7 +69,9 @@ def test_job_state_variants(raw: str, want: A) -> None:
 
 
 @pytest.mark.parametrize("raw", ["", "EXPLODED", "COMPLETED_ISH", "?", "DONE"])
-def test_unknown_job_state_is_unknown_with_warning(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_job_state_is_unknown_with_warning(
+    raw: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="broker.slurm.statemap"):
         assert job_state(raw) is A.UNKNOWN
     assert any("unknown Slurm job state" in r.message for r in caplog.records)
