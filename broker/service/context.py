@@ -23,6 +23,7 @@ from broker.db import store
 from broker.db.engine import make_engine, session_factory
 from broker.db.migrate import upgrade_to_head
 from broker.slurm import make_backend
+from broker.slurm.runner import Runner
 from broker.slurm.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,9 @@ PERIODIC = ("broker.service.ledger", "broker.service.nodes")
 def build_services(settings: Settings, **kwargs: Any) -> Services:
     engine = make_engine(settings.db_url)
     sessions = session_factory(engine)
-    backend = kwargs.pop("backend", None) or make_backend(settings.slurm_backend)
+    backend = kwargs.pop("backend", None) or make_backend(
+        settings.slurm_backend, runner=Runner(default_timeout_s=settings.slurm_timeout_seconds)
+    )
     policy = kwargs.pop("policy", None) or make_policy(settings)
     return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)
 

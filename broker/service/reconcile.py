@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
 
 from broker.checkpoint import last_saved_at
 from broker.db import store
@@ -67,6 +67,7 @@ def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
         .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
         .where(Job.state.not_in(list(TERMINAL)))
         .order_by(Job.id)
+        .options(lazyload(Job.attempts))  # the latest attempt is already in the row
     )
     return [(j, a) for j, a in session.execute(q).all()]
 

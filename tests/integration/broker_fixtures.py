@@ -192,3 +192,42 @@ def broker_daemon(slurm_cluster: Any):
     yield d
     d.stop()
     shutil.rmtree(work, ignore_errors=True)
+
+
+# -- cluster actions the broker tests need ---------------------------------------
+DEVCLUSTER = REPO / "contrib" / "slurm" / "devcluster"
+
+
+def nodes_up(cluster: Any, partition: str) -> list[str]:
+    """Nodes of `partition` that are powered up (booted or booting)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %T"],
+        env=cluster.env, capture_output=True, text=True, check=True,
+    ).stdout
+    up = []
+    for line in out.splitlines():
+        name, state = line.split()
+        if "POWERED_DOWN" in state.upper() or state.endswith("~") or "powered" in state.lower():
+            continue
+        up.append(name)
+    return sorted(set(up))
+
+
+def stop_controller(cluster: Any) -> None:
+    """Stop slurmctld (slurmd and the jobs keep running, as when a controller host dies)."""
+    pid = int((cluster.state_dir / "run" / "slurmctld.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+
+
+def start_controller(cluster: Any) -> None:
+    """Bring the cluster back to health (`devcluster up` is idempotent: it starts what is missing)."""
+    p = subprocess.run([str(DEVCLUSTER), "up"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -13,6 +13,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -198,6 +199,34 @@ def test_submit_as_alice_makes_the_job_hers(jobs: Jobs) -> None:
     assert (jobs.workdir("alice") / f"alice-{job_id}.out").stat().st_uid == pwd.getpwnam(
         "alice"
     ).pw_uid
+
+
+def test_command_line_options_beat_sbatch_lines_in_the_script(jobs: Jobs) -> None:
+    req = jobs.request("directives", ["true"], hold=True)
+    hostile = req.script.replace(
+        "#!/bin/bash\n",
+        "#!/bin/bash\n#SBATCH --partition=ondemand\n#SBATCH --account=climate\n#SBATCH --comment=x\n",
+        1,
+    )
+    job_id = jobs.backend.submit(replace(req, script=hostile))
+    jobs.ids.append(job_id)
+    job = jobs.one(job_id)
+    assert job is not None
+    assert (job.partition, job.account, job.comment) == ("spot", "vision", req.comment)
+
+
+def test_user_job_script_runs_as_alice_and_its_directives_are_inert(jobs: Jobs) -> None:
+    wd = jobs.workdir("alice")
+    text = '#!/bin/bash\n#SBATCH --partition=ondemand\necho "ran $GBROKER_JOB_ID as $(id -un)"\n'
+    req = jobs.request("usertext", ["true"], user="alice")
+    script = render_batch_script(
+        job_id="ct-usertext", attempt=0, checkpoint_dir=str(wd / "ck"), script_text=text
+    )
+    job_id = jobs.backend.submit(replace(req, script=script))
+    jobs.ids.append(job_id)
+    (row,) = jobs.history_rows(job_id, 1)
+    assert row.state is AttemptState.COMPLETED and row.partition == "spot"
+    assert (wd / f"usertext-{job_id}.out").read_text() == "ran ct-usertext as alice\n"
 
 
 def test_missing_partition_is_refused_with_slurms_message(jobs: Jobs) -> None:

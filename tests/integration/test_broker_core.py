@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_fixtures import SRC, broker_daemon, public_dir, user_dir  # noqa: F401  (fixture)
+from broker_fixtures import SRC, broker_daemon, public_dir, start_controller, stop_controller, user_dir  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -74,19 +74,25 @@ def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_c
     base = user_dir(public_dir("gbroker-od-"), "carol")
     r = d.cli(
         "submit", "--json", "--group", "climate", "--kind", "simulation", "--gpus", "4",
-        "--no-interruptible", "--time", "10m", "--", "sleep", "25", user="carol", cwd=base,
+        "--no-interruptible", "--time", "10m", "--", "sleep", "40", user="carol", cwd=base,
     )
     assert r.code == 0, r.err
-    job_id = r.json()["id"]
+    od_id = r.json()["id"]
     assert (r.json()["capacity"], r.json()["partition"]) == ("ondemand", "ondemand")
-    job = d.wait_job(job_id, lambda j: j["state"] == "running", user="carol")
-    assert _running_on(job).startswith("od")
-    # Reclaim every spot node that is up: none of them may touch this job.
-    for node in slurm_cluster.nodes_up("spot"):
-        slurm_cluster.reclaim(node)
-    job = d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=120, user="carol")
-    assert [a["state"] for a in job["attempts"]] == ["completed"]
-    assert job["reclaims"] == 0
+    # A spot job beside it, whose node gets reclaimed while both run.
+    r = d.cli("submit", "--json", "--group", "climate", "--time", "10m", "--", "sleep", "30", user="carol", cwd=base)
+    assert r.code == 0, r.err
+    spot_id = r.json()["id"]
+    assert r.json()["capacity"] == "spot"
+    od = d.wait_job(od_id, lambda j: j["state"] == "running", user="carol")
+    assert _running_on(od).startswith("od")
+    spot = d.wait_job(spot_id, lambda j: j["state"] == "running", user="carol")
+    slurm_cluster.reclaim(_running_on(spot))
+    d.wait_job(spot_id, lambda j: j["reclaims"] == 1, user="carol", timeout=60)
+    od = d.wait_job(od_id, lambda j: j["state"] == "completed", timeout=120, user="carol")
+    assert [a["state"] for a in od["attempts"]] == ["completed"]
+    assert od["reclaims"] == 0 and od["attempts"][0]["partition"] == "ondemand"
+    d.wait_job(spot_id, lambda j: j["state"] == "completed", timeout=180, user="carol")
 
 
 def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_cluster):
@@ -133,7 +139,7 @@ def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, s
         ids.append(r.json()["id"])
     for job_id in ids:
         d.wait_job(job_id, lambda j: j["state"] == "running")
-    slurm_cluster.stop_controller()
+    stop_controller(slurm_cluster)
     try:
         t_end = time.monotonic() + 60
         seen = set()
@@ -150,7 +156,7 @@ def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, s
         assert "unreachable" in r.json().get("note", "")
         ids.append(r.json()["id"])
     finally:
-        slurm_cluster.start_controller()
+        start_controller(slurm_cluster)
     for job_id in ids:
         d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=240)
     for job_id in ids:

@@ -9,8 +9,11 @@ proofs ambiguous.
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,32 @@ def test_urgent_job_preempts_spot_job(slurm_cluster: SlurmCluster, tmp_path: Pat
         cancel(slurm_cluster, victim, *([urgent] if urgent else []))
 
 
+def test_job_runs_as_unix_user_in_its_account(slurm_cluster: SlurmCluster) -> None:
+    # The submitter must own the output directory, and alice must be able to reach it
+    # (pytest's tmp_path sits under a 0700 directory, so use a directory of our own).
+    base = Path(tempfile.mkdtemp(prefix="gbroker-devcluster-test-"))
+    base.chmod(0o755)
+    outdir = base / "alice"
+    outdir.mkdir()
+    shutil.chown(outdir, "alice", "alice")
+    node = pick_node(slurm_cluster, prefer_awake=True)
+    out = outdir / "whoami.out"
+    job = slurm_cluster.as_user("alice", [
+        "sbatch", "--parsable", "-A", "vision", "-p", "spot", "-w", node, "-J", "dc-alice",
+        f"--chdir={outdir}", "-o", str(out), "--wrap", "id -un"]).stdout.strip()
+    try:
+        rows = slurm_cluster.wait_for(
+            lambda: [r for r in slurm_cluster.sacct_attempts(job, "JobID,State,User,Account")
+                     if r["State"] in ("COMPLETED", "FAILED")], WAKE_TIMEOUT,
+            what="alice's job to finish")
+        assert (rows[0]["State"], rows[0]["User"], rows[0]["Account"]) == (
+            "COMPLETED", "alice", "vision")
+        assert out.read_text().strip() == "alice"
+        assert out.stat().st_uid == pwd.getpwnam("alice").pw_uid
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_idle_node_is_powered_down(slurm_cluster: SlurmCluster) -> None:
     node = pick_node(slurm_cluster, prefer_awake=True)
     if "POWERED_DOWN" in slurm_cluster.node_state(node):
@@ -133,6 +162,17 @@ def test_idle_node_is_powered_down(slurm_cluster: SlurmCluster) -> None:
                                WAKE_TIMEOUT, what=f"job {job} to finish")
     assert node_processes(slurm_cluster, node)
     assert "POWERED_DOWN" not in slurm_cluster.node_state(node)
+    # A resume for a node that is already up must not boot a second slurmd.
+    record = slurm_cluster.state_dir / "cloud" / "nodes" / f"{node}.json"
+    before = record.read_text()
+    agent_log = slurm_cluster.state_dir / "log" / "agent.out"
+    said = f"resume {node}: already running"
+    seen = agent_log.read_text().count(said)
+    subprocess.run([str(slurm_cluster.devcluster), "cloud", "resume", node], check=True,
+                   env=slurm_cluster.env, timeout=30)
+    slurm_cluster.wait_for(lambda: agent_log.read_text().count(said) > seen,
+                           10, interval=0.2, what="the agent to handle the resume")
+    assert record.read_text() == before
     # SuspendTime (default 20 s) + SuspendTimeout, with slack.
     slurm_cluster.wait_for(lambda: "POWERED_DOWN" in slurm_cluster.node_state(node), 90,
                            what=f"{node} to be powered down when idle")

@@ -1,0 +1,187 @@
+"""Broker benchmarks, measured in one run so the ratios mean something.
+
+1. Submit latency: `gbroker submit` (a whole CLI process talking to a running
+   daemon, which validates, stores the intent and runs sbatch as the user)
+   against plain `sbatch`, and against `python -c "import click"` followed by
+   sbatch (the floor for any Python CLI in front of Slurm).
+2. Reconcile tick time with 100 and with 10,000 tracked jobs, and the number
+   of Slurm calls per tick (must not grow with the number of jobs). The
+   squeue answer is a recorded real record repeated N times, fed through the
+   real parser; the database is a real SQLite file.
+
+Run (as root, dev cluster up for part 1):
+    python tests/bench/bench_broker.py            # both parts
+    python tests/bench/bench_broker.py --ticks-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from broker.clock import FakeClock  # noqa: E402
+from broker.config import Settings  # noqa: E402
+from broker.slurm.runner import CallCounter, CompletedRun  # noqa: E402
+
+FS, RS = "\x1f", "\x1e"
+
+
+# -- part 2: reconcile ticks ----------------------------------------------------
+class RecordedSqueue:
+    """A RunFn that answers squeue with N running jobs (format of a real 22.05 record)."""
+
+    def __init__(self, n: int) -> None:
+        self.counter = CallCounter()
+        rows = []
+        for i in range(1, n + 1):
+            rows.append(FS.join([
+                str(i), f"gb-{i:012x}-1", "alice", "vision", "spot", "RUNNING", "None", "spot1",
+                "0", "2026-09-01T00:00:00", "2026-09-01T00:00:05", "1:00:00", f"gb-{i:012x}",
+            ]) + RS)
+        self.squeue = "\n".join(rows) + "\n"
+
+    def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # noqa: ANN001
+        self.counter.record(argv)
+        out = self.squeue if os.path.basename(argv[0]) == "squeue" else ""
+        return CompletedRun(list(argv), out, "", 0, 0.0)
+
+
+def seed(url: str, n: int, now: datetime) -> None:
+    from sqlalchemy import insert
+
+    from broker.db.engine import make_engine, session_factory
+    from broker.db.migrate import upgrade_to_head
+    from broker.db.models import Attempt, Job
+    from broker.states import AttemptState, JobState
+    from policies import Capacity
+
+    upgrade_to_head(url)
+    spec = (
+        '{"checkpoint":{"style":"none"},"command":["sleep","3600"],"env":{},"gpus_per_node":1,'
+        '"group":"vision","interruptible":true,"kind":"other","max_retries":2,"name":"bench",'
+        '"nodes":1,"signal_lead_s":120,"time_limit":"3600s","workdir":"/tmp"}'
+    )
+    sessions = session_factory(make_engine(url))
+    with sessions() as s:
+        s.execute(insert(Job), [dict(
+            id=i, key=f"gb-{i:012x}", owner_uid=1001, owner_name="alice", group_name="vision",
+            name="bench", kind="other", spec_json=spec, state=JobState.RUNNING, placement_policy="simple",
+            capacity=Capacity.SPOT, partition="spot", reclaims=0, failures=0, done_s=0,
+            estimate_micros=0, reserved_micros=0, reason="running on spot1", created_at=now, updated_at=now,
+        ) for i in range(1, n + 1)])
+        s.execute(insert(Attempt), [dict(
+            job_id=i, number=1, slurm_job_id=i, partition="spot", capacity=Capacity.SPOT,
+            state=AttemptState.RUNNING, nodes="spot1", created_at=now, submitted_at=now,
+            started_at=datetime(2026, 9, 1, 0, 0, 5, tzinfo=timezone.utc), lost_s=0, slurm_restarts=0,
+        ) for i in range(1, n + 1)])
+        s.commit()
+
+
+def bench_ticks(n: int) -> dict[str, float]:
+    from broker.service.context import build_services
+    from broker.service.reconcile import reconcile
+    from broker.slurm.cli_backend import CliBackend
+
+    now = datetime(2026, 9, 1, 1, 0, tzinfo=timezone.utc)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/bench.db"
+        seed(url, n, now)
+        runner = RecordedSqueue(n)
+        svc = build_services(Settings(db_url=url), backend=CliBackend(runner), clock=FakeClock(now))
+        times, calls = [], []
+        for _ in range(5):
+            runner.counter.reset()
+            t0 = time.perf_counter()
+            reconcile(svc)
+            times.append(time.perf_counter() - t0)
+            calls.append(runner.counter.total)
+        return {"first_s": times[0], "steady_s": statistics.median(times[1:]), "calls": max(calls)}
+
+
+# -- part 1: submit latency -----------------------------------------------------
+def _median_wall(argv: list[str], env: dict[str, str], runs: int, cwd: str) -> float:
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
+def bench_submit(runs: int) -> dict[str, float]:
+    devcluster = REPO / "contrib" / "slurm" / "devcluster"
+    if subprocess.run([str(devcluster), "status"], capture_output=True).returncode != 0:
+        subprocess.run([str(devcluster), "up"], check=True)
+    conf = subprocess.run([str(devcluster), "env"], capture_output=True, text=True, check=True).stdout
+    slurm_conf = conf.strip().split("=", 1)[1].strip("'\"")
+    work = Path(tempfile.mkdtemp(prefix="gbroker-bench-"))
+    os.chmod(work, 0o755)
+    (work / "g.toml").write_text("")
+    env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
+               GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"),
+               GBROKER_TICK_SECONDS="5")
+    sock = str(work / "sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level", "WARNING"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        hold = ["--hold"]  # held jobs: measure submission, not scheduling
+        sbatch = ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5", *hold, "--wrap", "sleep 1"]
+        gb = [sys.executable, "-m", "broker", "--socket", sock, "submit", "--group", "vision", "--time", "5m",
+              "--", "sleep", "1"]
+        click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
+        results = {
+            "sbatch": _median_wall(sbatch, env, runs, str(work)),
+            "python+click+sbatch": _median_wall(click_then_sbatch, env, runs, str(work)),
+            "gbroker submit": _median_wall(gb, env, runs, str(work)),
+        }
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        subprocess.run(["scancel", "-u", "root", "--name", "wrap"], env=env)
+        ids = subprocess.run(["squeue", "-h", "-u", "root", "-o", "%i %j"], env=env, capture_output=True,
+                             text=True).stdout
+        gb_ids = [line.split()[0] for line in ids.splitlines() if line.split()[1].startswith("gb-")]
+        if gb_ids:
+            subprocess.run(["scancel", *gb_ids], env=env)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--ticks-only", action="store_true")
+    args = ap.parse_args()
+    if not args.ticks_only:
+        sub = bench_submit(args.runs)
+        base = sub["sbatch"]
+        print(f"submit latency, median of {args.runs} (ratio to plain sbatch):")
+        for name, wall in sub.items():
+            print(f"  {name:<22} {wall * 1000:8.1f} ms   x{wall / base:5.2f}")
+        print(f"  gbroker over python+click+sbatch: x{sub['gbroker submit'] / sub['python+click+sbatch']:.2f}")
+    print("reconcile tick (SQLite, recorded squeue answer):")
+    rows = {n: bench_ticks(n) for n in (100, 10_000)}
+    for n, r in rows.items():
+        print(f"  {n:>6} jobs: first tick {r['first_s'] * 1000:8.1f} ms, steady tick {r['steady_s'] * 1000:8.1f} ms, "
+              f"Slurm calls per tick {r['calls']:.0f}")
+    ratio = rows[10_000]["steady_s"] / rows[100]["steady_s"]
+    print(f"  10,000 / 100 jobs steady tick time: x{ratio:.1f} (jobs x100); Slurm calls: "
+          f"{rows[100]['calls']:.0f} -> {rows[10_000]['calls']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
