@@ -14,10 +14,15 @@ Safety rules:
 * Nothing from the user appears before the first command line: sbatch
   reads ``#SBATCH`` directives only up to there, and the header is fixed
   text, so a user value can never become a directive.
+* A user's own job script (``script_text``) travels base64-encoded and is
+  written to a private temporary file on the node, then run with bash: its
+  ``#SBATCH`` lines are never seen by sbatch, and no line of it can end a
+  here-document or break out of quoting.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 from collections.abc import Sequence
@@ -91,25 +96,43 @@ def render_batch_script(
     checkpoint_dir: str,
     command: Sequence[str] | None = None,
     script_path: str | None = None,
+    script_text: str | None = None,
     resume_from: str | None = None,
     warning_signal_s: int | None = None,
 ) -> str:
     """The bash script for one attempt.
 
-    Exactly one of ``command`` (an argv list) and ``script_path`` (a bash
-    script run with ``/bin/bash``) must be given. ``warning_signal_s`` is
-    exported as GBROKER_WARNING_SECONDS for the program's information; the
-    signal itself is requested by the caller with sbatch ``--signal``.
+    Exactly one program must be given: ``command`` (an argv list),
+    ``script_path`` (a bash script on shared storage) or ``script_text``
+    (the user's job script itself); scripts run with ``/bin/bash``.
+    ``warning_signal_s`` is exported as GBROKER_WARNING_SECONDS for the
+    program's information; the signal itself is requested by the caller
+    with sbatch ``--signal``.
     """
-    if (command is None) == (script_path is None):
-        raise SpecError("give either a command or a script path, not both or neither")
+    given = [x for x in (command, script_path, script_text) if x is not None]
+    if len(given) != 1:
+        raise SpecError(
+            "give exactly one of a command, a script path or a script",
+            hint="a job runs one program",
+        )
+    prelude: list[str] = []
     if command is not None:
         argv = [_check("command argument", str(a)) for a in command]
         if not argv or not argv[0]:
             raise SpecError("the command is empty", hint="give the program to run")
-    else:
-        assert script_path is not None
+    elif script_path is not None:
         argv = ["/bin/bash", _check("script path", script_path)]
+    else:
+        assert script_text is not None
+        if "\0" in script_text or not script_text.strip():
+            raise SpecError("the job script is empty or contains a NUL byte")
+        payload = base64.b64encode(script_text.encode()).decode()
+        prelude = [
+            'script_file=$(mktemp "${TMPDIR:-/tmp}/gbroker-script.XXXXXX")',
+            "trap 'rm -f -- \"$script_file\"' EXIT",
+            f"printf '%s' {shlex.quote(payload)} | base64 -d > \"$script_file\"",
+        ]
+        argv = []
     job = str(job_id)
     if not _JOB_ID.match(job):
         raise SpecError(f"not a gbroker job id: {job!r}")
@@ -133,5 +156,9 @@ def render_batch_script(
             raise SpecError(f"warning signal seconds must be >= 0, got {warning_signal_s!r}")
         lines.append(f"export GBROKER_WARNING_SECONDS={int(warning_signal_s)}")
     lines.append('mkdir -p -- "$GBROKER_CHECKPOINT_DIR"')
-    command_line = " ".join(shlex.quote(a) for a in argv)
+    lines.extend(prelude)
+    if argv:
+        command_line = " ".join(shlex.quote(a) for a in argv)
+    else:
+        command_line = '/bin/bash "$script_file"'
     return HEADER + "\n".join(lines) + "\n" + RUNNER.replace("__COMMAND__", command_line)

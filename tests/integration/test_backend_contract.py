@@ -107,11 +107,16 @@ class Jobs:
     def history_rows(self, job_id: int, n: int, timeout: float = 90) -> list[SacctRow]:
         since = datetime.now(UTC) - timedelta(hours=1)
 
+        def settled(r: SacctRow) -> bool:
+            # slurmdbd may first store a job that starts and ends within a second
+            # with the placeholder name "allocation"; wait for the real record.
+            return r.end is not None and r.name != "allocation"
+
         def probe() -> list[SacctRow] | None:
             rows = [
                 r for r in self.backend.history(job_ids=[job_id], since=since) if r.job_id == job_id
             ]
-            return rows if len(rows) >= n and all(r.end for r in rows[:n]) else None
+            return rows if len(rows) >= n and all(settled(r) for r in rows[:n]) else None
 
         return wait_for(f"{n} finished accounting rows of job {job_id}", probe, timeout)
 
@@ -277,8 +282,10 @@ def test_cancel(jobs: Jobs) -> None:
 
 
 def test_requeue_then_start_now_skips_the_begin_time_delay(jobs: Jobs) -> None:
-    job_id = jobs.submit("requeue", ["sleep", "300"])
+    job_id = jobs.submit("requeue", ["sh", "-c", "echo started; sleep 300"])
     jobs.wait_state(job_id, AttemptState.RUNNING)
+    out = jobs.workdir("root") / f"requeue-{job_id}.out"
+    wait_for("the program to start", lambda: out.exists() and "started" in out.read_text(), 60)
     jobs.backend.requeue([job_id])
 
     def pending_again() -> SlurmJob | None:

@@ -46,6 +46,50 @@ def test_golden_first_attempt_from_a_script_path() -> None:
     assert "/bin/bash /home/alice/run.sh &" in got
 
 
+USER_SCRIPT = (
+    "#!/bin/bash\n#SBATCH --partition=ondemand\n"
+    "cat <<'EOF'\n'; rm -rf / #\nEOF\n"
+    'echo "job=$GBROKER_JOB_ID attempt=$GBROKER_ATTEMPT script=$0"\n'
+    "exit 4\n"
+)
+
+
+def test_golden_user_script_text() -> None:
+    got = render_batch_script(
+        job_id="j-000009",
+        attempt=1,
+        checkpoint_dir="/scratch/ck/j9",
+        script_text='#!/bin/bash\n#SBATCH --partition=ondemand\necho "it\'s $GBROKER_JOB_ID"\n',
+        warning_signal_s=90,
+    )
+    assert got == (DATA / "golden_script_text.sh").read_text()
+
+
+def test_user_script_text_never_appears_in_clear() -> None:
+    text = render_batch_script(
+        job_id="j1", attempt=0, checkpoint_dir="/ck", script_text=USER_SCRIPT
+    )
+    assert "SBATCH" not in text and "rm -rf" not in text and "EOF" not in text
+
+
+def test_user_script_text_runs_with_its_own_status_and_is_cleaned_up(tmp_path: Path) -> None:
+    batch = tmp_path / "batch.sh"
+    batch.write_text(
+        render_batch_script(
+            job_id="j-5", attempt=2, checkpoint_dir=str(tmp_path / "ck"), script_text=USER_SCRIPT
+        )
+    )
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.run(
+        ["/bin/bash", str(batch)], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 4
+    out = proc.stdout.splitlines()
+    assert out[0] == "'; rm -rf / #"
+    assert out[1].startswith("job=j-5 attempt=2 script=" + str(tmp_path / "gbroker-script."))
+    assert not list(tmp_path.glob("gbroker-script.*"))  # the temporary copy is gone
+
+
 def test_nothing_from_the_user_before_the_first_command() -> None:
     text = resume_script()
     lines = text.splitlines()
@@ -72,6 +116,9 @@ def test_user_values_are_quoted() -> None:
         {"command": []},
         {"command": [""]},
         {"command": ["x"], "script_path": "/y"},
+        {"script_text": "x", "script_path": "/y"},
+        {"script_text": ""},
+        {"script_text": "echo a\0b"},
         {},
         {"command": ["x"], "job_id": "a b"},
         {"command": ["x"], "job_id": "../x\n"},
