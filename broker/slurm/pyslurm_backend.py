@@ -58,13 +58,29 @@ def _import_pyslurm() -> Any | None:
         return None
 
 
+def pyslurm_slurm_major(mod: Any) -> str | None:
+    """The Slurm release pyslurm was built for: ``slurm_version()`` when it has
+    one (a tuple or a string), else its own version, which follows Slurm's."""
+    for name in ("slurm_version", "version"):
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            try:
+                value = fn()
+            except Exception as exc:  # noqa: BLE001 - a broken build is "not usable"
+                log.debug("pyslurm.%s() failed: %s", name, exc)
+                return None
+            if isinstance(value, tuple):
+                value = ".".join(str(v) for v in value)
+            return _major(str(value))
+    return _major(str(getattr(mod, "__version__", "")))
+
+
 def pyslurm_usable() -> bool:
     """True when pyslurm imports and was built for the Slurm release that runs here."""
     mod = _import_pyslurm()
     if mod is None:
         return False
-    version = getattr(mod, "version", None)
-    built_for = _major(str(version() if callable(version) else getattr(mod, "__version__", "")))
+    built_for = pyslurm_slurm_major(mod)
     running = slurm_major_version()
     if built_for is None or running is None or built_for != running:
         log.info(
@@ -130,7 +146,7 @@ class PyslurmBackend(CliBackend):
                     partition=job.partition or "",
                     state_raw=state_raw,
                     state=statemap.job_state(state_raw),
-                    reason=str(job.state_reason or "").replace("None", ""),
+                    reason="" if job.state_reason in (None, "None") else str(job.state_reason),
                     nodes=hostlist.expand(getattr(job, "allocated_nodes", None) or ""),
                     restarts=int(getattr(job, "requeue_count", 0) or 0),
                     comment=job.comment or "",
@@ -145,9 +161,7 @@ class PyslurmBackend(CliBackend):
         loaded = self._call("Nodes.load", self._ps.Nodes.load)
         out: list[NodeInfo] = []
         for node in loaded.values():
-            raw = str(node.state)
-            flags = getattr(node, "state_flags", None) or getattr(node, "next_state", None)
-            complete = raw if not isinstance(flags, list) else "+".join([raw, *map(str, flags)])
+            complete = str(node.state)  # pyslurm prints the complete form: IDLE+CLOUD+...
             parsed = statemap.parse_node_state(complete)
             gres = node.configured_gres or {}
             out.append(
