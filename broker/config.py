@@ -36,9 +36,12 @@ def default_socket_path() -> str:
 
 
 def default_db_url() -> str:
+    # Mirrors broker.db.engine.default_db_url without importing SQLAlchemy: the CLI loads this module.
     if os.geteuid() == 0:
         return "sqlite:////var/lib/gbroker/gbroker.db"
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):  # the XDG spec says a relative value is to be ignored
+        state = str(Path.home() / ".local" / "state")
     return f"sqlite:///{Path(state) / 'gbroker' / 'gbroker.db'}"
 
 

@@ -49,6 +49,9 @@ class Daemon:
             if holder is None:
                 log.info("lease %r acquired by %s", LEASE_NAME, self.holder)
                 return
+            if holder_is_dead(holder) and self.services.take_over_lease(LEASE_NAME, holder, self.holder, ttl):
+                log.warning("took the lease over from %s, a daemon on this host that is gone", holder)
+                return
             if not wait:
                 raise LeaseHeld(
                     f"another gbroker daemon ({holder}) is active on this database",
@@ -128,6 +131,24 @@ class Daemon:
                 pass
         finally:
             self.shutdown()
+
+
+def holder_is_dead(holder: str) -> bool:
+    """True when `holder` ("host:pid") names a daemon on this host whose process is gone.
+
+    After a crash the lease would otherwise block a restarted daemon for its
+    whole TTL. A holder on another host is never presumed dead: its lease expires.
+    """
+    host, _, pid_text = holder.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        cmdline = open(f"/proc/{int(pid_text)}/cmdline", "rb").read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except OSError:
+        return False
+    return b"gbroker" not in cmdline and b"broker" not in cmdline
 
 
 def _now() -> Any:

@@ -73,7 +73,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
 
 _J = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
-    _J.ADMITTED: frozenset({_J.PENDING, _J.RUNNING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED}),
+    _J.ADMITTED: frozenset({_J.PENDING, _J.RUNNING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED, _J.DEADLINE_MISSED}),
     _J.PENDING: frozenset({_J.RUNNING, _J.HELD, _J.CANCELLED, _J.UNKNOWN, _J.RECOVERING} | TERMINAL),
     _J.RUNNING: frozenset({_J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
     _J.RECOVERING: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN, _J.HELD} | TERMINAL),

@@ -122,6 +122,24 @@ def release_lease(session: Session, name: str, holder: str) -> bool:
     return cast(CursorResult[Any], result).rowcount == 1
 
 
+def take_over_lease(
+    session: Session, name: str, dead_holder: str, holder: str, ttl_s: float, now: datetime
+) -> bool:
+    """Take the lease from ``dead_holder`` (known dead: same host, process gone). Commits.
+
+    Compare-and-swap on the holder, so a live daemon that renewed meanwhile, or
+    a third one that got there first, keeps it.
+    """
+    result = session.execute(
+        update(Lease)
+        .where(Lease.name == name, Lease.holder == dead_holder)
+        .values(holder=holder, expires_at=now + timedelta(seconds=ttl_s))
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return cast(CursorResult[Any], result).rowcount == 1
+
+
 def lease_holder(session: Session, name: str, now: datetime) -> str | None:
     """Who holds the lease right now (None if free or expired)."""
     row = session.execute(select(Lease.holder, Lease.expires_at).where(Lease.name == name)).one_or_none()

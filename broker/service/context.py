@@ -87,6 +87,10 @@ class Services:
                 return None
             return store.lease_holder(s, name, self.clock.now()) or "unknown"
 
+    def take_over_lease(self, name: str, dead_holder: str, holder: str, ttl_s: float) -> bool:
+        with self.tx() as s:
+            return store.take_over_lease(s, name, dead_holder, holder, ttl_s, self.clock.now())
+
     def release_lease(self, name: str, holder: str) -> None:
         with self.tx() as s:
             store.release_lease(s, name, holder)
