@@ -1,0 +1,69 @@
+"""Plain-text tables for the simulator's results."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for k, r in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_table(out: dict[str, Any]) -> str:
+    s = out["setting"]
+    head = (
+        f"{out['samples']} samples on {len(out['traces'])} traces; W={s['work_hours']:g} h, "
+        f"D={s['deadline_hours']:g} h, d={s['changeover_hours']:g} h, nodes={s['nodes']}"
+    )
+    rows = [
+        [
+            r["policy"],
+            f"{r['cost_ratio_mean']:.3f}",
+            pct(r["gap_to_optimal_mean"]),
+            pct(r["deadline_met"]),
+            f"{r['spot_hours_mean']:.1f}",
+            f"{r['ondemand_hours_mean']:.1f}",
+            f"{r['cost_usd_mean']:.2f}",
+        ]
+        for r in out["summary"]
+    ]
+    body = table(
+        ["policy", "cost/on-demand", "gap to optimum", "deadlines met", "spot h", "on-demand h", "mean $"],
+        rows,
+    )
+    tail = f"({out['seconds']} s)"
+    if out.get("skipped_traces"):
+        tail += f"; skipped (too few instances): {', '.join(out['skipped_traces'])}"
+    return f"{head}\n{body}\n{tail}"
+
+
+def workload_table(out: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["policy"],
+            f"{r['cost_usd']:.2f}",
+            f"{r['cost_ratio']:.3f}",
+            f"{r['deadlines_met']}/{r['deadlines']}",
+            f"{r['gpu_hours_lost_to_reclaims']:.1f}",
+            f"{r['spot_gpu_hours']:.1f}",
+            f"{r['ondemand_gpu_hours']:.1f}",
+            str(r["reclaims"]),
+        ]
+        for r in out["summary"]
+    ]
+    body = table(
+        ["policy", "total $", "cost/on-demand", "deadlines met", "GPU-h lost", "spot GPU-h", "on-demand GPU-h", "reclaims"],
+        rows,
+    )
+    return f"{out['jobs']} jobs on {out['trace']}\n{body}\n({out['seconds']} s)"
