@@ -1,0 +1,150 @@
+"""Each policy's decisions on hand-made situations."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import Capacity, JobView, MarketView, from_name, names
+from policies.base import Action
+from policies.rules import needs_ondemand, stable_for
+
+H = 3600
+UP = MarketView(spot_available=1, step_s=600)
+DOWN = MarketView(spot_available=0, step_s=600)
+
+
+def job(**kw: object) -> JobView:
+    base: dict[str, object] = dict(work_s=48 * H, deadline_s=60 * H, changeover_s=720)
+    base.update(kw)
+    return JobView(**base)  # type: ignore[arg-type]
+
+
+def test_registry_has_every_policy_and_unknown_name_lists_them() -> None:
+    for n in ("ondemand", "greedy", "greedy-no-safety-net", "uniform-progress", "omniscient", "gbroker", "simple"):
+        assert n in names()
+    with pytest.raises(ValueError, match="choose one of: .*gbroker"):
+        from_name("nope")
+
+
+def test_omniscient_refuses_without_a_plan() -> None:
+    with pytest.raises(ValueError, match="simulator"):
+        from_name("omniscient")
+
+
+@pytest.mark.parametrize("name", ["ondemand", "greedy", "greedy-no-safety-net", "uniform-progress", "gbroker"])
+def test_non_interruptible_never_on_spot(name: str) -> None:
+    p = from_name(name)
+    for cur in Capacity:
+        for deadline in (None, 60 * H):
+            pl = p.place(job(interruptible=False, current=cur, deadline_s=deadline), UP)
+            assert pl.capacity is Capacity.ONDEMAND
+
+
+def test_ondemand_always_ondemand() -> None:
+    p = from_name("ondemand")
+    assert p.place(job(), UP).capacity is Capacity.ONDEMAND
+    assert p.on_preempt(job(), [], DOWN).action is Action.MOVE_ONDEMAND
+
+
+def test_greedy_spot_when_available_else_wait() -> None:
+    p = from_name("greedy")
+    assert p.place(job(), UP).capacity is Capacity.SPOT
+    assert p.place(job(), DOWN).capacity is Capacity.NONE
+
+
+def test_greedy_safety_net_moves_to_ondemand_for_good() -> None:
+    p = from_name("greedy")
+    # time left = work left + changeover + less than one step: must go on-demand
+    tight = job(elapsed_s=12 * H - 720 - 300, done_s=0)
+    assert needs_ondemand(tight, UP)
+    assert p.place(tight, UP).capacity is Capacity.ONDEMAND
+    # and it stays there even when spot is available (slack does not come back)
+    later = job(elapsed_s=12 * H, done_s=600, current=Capacity.ONDEMAND)
+    assert p.place(later, UP).capacity is Capacity.ONDEMAND
+    # one step earlier it still waits
+    loose = job(elapsed_s=12 * H - 720 - 600, done_s=0)
+    assert p.place(loose, DOWN).capacity is Capacity.NONE
+
+
+def test_greedy_without_net_never_uses_ondemand() -> None:
+    p = from_name("greedy-no-safety-net")
+    assert p.place(job(elapsed_s=59 * H), DOWN).capacity is Capacity.NONE
+
+
+def test_gang_needs_all_its_nodes() -> None:
+    p = from_name("greedy")
+    assert p.place(job(nodes=4), MarketView(spot_available=3)).capacity is Capacity.NONE
+    assert p.place(job(nodes=4), MarketView(spot_available=4)).capacity is Capacity.SPOT
+
+
+def test_uniform_progress_rules() -> None:
+    p = from_name("uniform-progress")
+    # W/D = 0.8: at 10 h the line is at 8 h.
+    ahead = job(elapsed_s=10 * H, done_s=9 * H)
+    behind = job(elapsed_s=10 * H, done_s=7 * H)
+    assert p.place(ahead, DOWN).capacity is Capacity.NONE
+    assert p.place(behind, DOWN).capacity is Capacity.ONDEMAND
+    # taking risks: spot whenever available, even when behind
+    assert p.place(behind, UP).capacity is Capacity.SPOT
+    # hysteresis: on on-demand stay until cp >= ep(t + 2d)
+    just = job(elapsed_s=10 * H, done_s=8 * H + 100, current=Capacity.ONDEMAND)
+    assert p.place(just, UP).capacity is Capacity.ONDEMAND
+    well = job(elapsed_s=10 * H, done_s=8 * H + 2000, current=Capacity.ONDEMAND)
+    assert p.place(well, UP).capacity is Capacity.SPOT
+    # on on-demand without spot: keep on-demand
+    assert p.place(well, DOWN).capacity is Capacity.ONDEMAND
+    # safety net with 2d when not on spot
+    net = job(elapsed_s=12 * H - 1440 - 500, done_s=0)
+    assert p.place(net, UP).capacity is Capacity.ONDEMAND
+
+
+@pytest.mark.parametrize("name", ["greedy", "uniform-progress", "gbroker"])
+def test_no_deadline_is_never_forced_by_a_deadline_rule(name: str) -> None:
+    p = from_name(name)
+    free = job(deadline_s=None, elapsed_s=500 * H)
+    assert p.place(free, UP).capacity is Capacity.SPOT
+    assert p.place(job(deadline_s=None, elapsed_s=500 * H), MarketView(spot_available=0, spot_down_s=60)).capacity is Capacity.NONE
+
+
+def test_gbroker_no_deadline_gives_up_waiting_after_patience() -> None:
+    p = from_name("gbroker")
+    long_gone = MarketView(spot_available=0, spot_down_s=13 * H)
+    assert p.place(job(deadline_s=None, work_s=4 * H), long_gone).capacity is Capacity.ONDEMAND
+    assert p.place(job(deadline_s=None, work_s=4 * H, current=Capacity.ONDEMAND), UP).capacity is Capacity.SPOT
+
+
+def test_gbroker_safety_net_and_slack() -> None:
+    p = from_name("gbroker")
+    tight = job(elapsed_s=12 * H - 720 - 300)
+    assert p.place(tight, UP).capacity is Capacity.ONDEMAND
+    # lots of slack, spot available: spot; spot down, early: wait
+    calm = MarketView(spot_available=1, spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2, lookback_s=7 * 24 * H)
+    assert p.place(job(deadline_s=96 * H), calm).capacity is Capacity.SPOT
+    calm_down = MarketView(spot_available=0, spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2, lookback_s=7 * 24 * H)
+    assert p.place(job(deadline_s=96 * H), calm_down).capacity is Capacity.NONE
+    # little slack left for a lot of work while spot is down: on-demand before the net
+    assert p.place(job(deadline_s=96 * H, elapsed_s=49 * H, done_s=3 * H), calm_down).capacity is Capacity.ONDEMAND
+
+
+def test_gbroker_no_checkpoint_prefers_ondemand_when_reclaims_are_frequent() -> None:
+    p = from_name("gbroker")
+    busy = MarketView(spot_available=1, spot_reclaim_rate_per_hour=1.0, spot_uptime_fraction=0.5, lookback_s=7 * 24 * H)
+    assert p.place(job(checkpointable=False, safe_done_s=0, deadline_s=200 * H), busy).capacity is Capacity.ONDEMAND
+    short = job(checkpointable=False, safe_done_s=0, work_s=H // 2, deadline_s=10 * H)
+    assert p.place(short, busy).capacity is Capacity.SPOT
+
+
+def test_omniscient_follows_its_plan() -> None:
+    p = from_name("omniscient", plan=[(0, 100, Capacity.SPOT), (200, 300, Capacity.ONDEMAND)])
+    assert p.place(job(elapsed_s=50), UP).capacity is Capacity.SPOT
+    pl = p.place(job(elapsed_s=150), UP)
+    assert pl.capacity is Capacity.NONE and pl.recheck_s == 50
+    assert p.on_preempt(job(elapsed_s=200), [], DOWN).action is Action.MOVE_ONDEMAND
+
+
+def test_stable_for_bounds() -> None:
+    # value 10 falling at 2/s when idle: flips after 6 s (10 - 2*6 < 0)
+    assert stable_for([(10, -2, 0)]) == 6
+    # value -5 rising at 1/s when running: flips at 5 s
+    assert stable_for([(-5, 0, 1)]) == 5
+    assert stable_for([(5, 0, 1)]) is None
