@@ -142,13 +142,21 @@ def holder_is_dead(holder: str) -> bool:
     host, _, pid_text = holder.rpartition(":")
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
+    proc = f"/proc/{int(pid_text)}"
     try:
-        cmdline = open(f"/proc/{int(pid_text)}/cmdline", "rb").read()
+        with open(f"{proc}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        with open(f"{proc}/cmdline", "rb") as f:
+            cmdline = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return True
-    except OSError:
+    except (OSError, IndexError):
         return False
-    return b"gbroker" not in cmdline and b"broker" not in cmdline
+    if state == b"Z":
+        return True  # exited, not yet reaped
+    if not cmdline:
+        return False  # between fork and exec: cannot tell, so not dead
+    return b"broker" not in cmdline
 
 
 def _now() -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from datetime import datetime, timedelta
 from typing import Any
 
 from broker.api import Caller
@@ -63,6 +64,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         partition = svc.settings.partition_for(capacity)
         placed_by = f"{svc.policy.name}: {placement.reason}"
 
+    preflight(svc, caller, spec, partition, Capacity(capacity))
     key = new_key()
     with svc.tx() as s:
         admission = admit(s, svc, caller, spec, capacity, partition, now)
@@ -98,7 +100,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
             assert job is not None
             store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the job: {exc.stderr.strip()}", now=now)
         raise SpecError(
-            f"Slurm refused the job: {exc.stderr.strip() or exc.message}",
+            f"Slurm refused the job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
     with svc.sessions() as s:
@@ -150,36 +152,94 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
 
 
 def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
+    return request_for(
+        spec,
+        job_id=job.id,
+        key=job.key,
+        attempt_number=attempt.number,
+        partition=attempt.partition or svc.settings.partition_for(attempt.capacity.value),
+        capacity=Capacity(attempt.capacity),
+        owner_name=job.owner_name,
+    )
+
+
+def request_for(
+    spec: JobSpec,
+    *,
+    job_id: int,
+    key: str,
+    attempt_number: int,
+    partition: str,
+    capacity: Capacity,
+    owner_name: str,
+) -> SubmitRequest:
     workdir = spec.workdir or "/tmp"
-    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/.gbroker/{job.id}"
+    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/.gbroker/{job_id}"
     program: dict[str, object] = (
         {"command": list(spec.command)} if spec.command else {"script_text": spec.script}
     )
     script = render_batch_script(
-        job_id=job.id,
-        attempt=attempt.number,
+        job_id=job_id,
+        attempt=attempt_number,
         checkpoint_dir=checkpoint_dir,
-        resume_from=checkpoint_dir if attempt.number > 1 else None,
+        resume_from=checkpoint_dir if attempt_number > 1 else None,
         warning_signal_s=spec.signal_lead_s,
         **program,  # type: ignore[arg-type]
     )
-    run_as = job.owner_name if _daemon_is_root() else None
     return SubmitRequest(
         script=script,
-        partition=attempt.partition,
-        job_name=slurm_name(job.key, attempt.number),
-        comment=job.key,
+        partition=partition,
+        job_name=slurm_name(key, attempt_number),
+        comment=key,
         account=spec.group,
-        user=run_as,
+        user=owner_name if _daemon_is_root() else None,
         workdir=workdir,
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         time_limit_s=spec.time_limit_s,
-        output=f"{workdir}/gbroker-{job.id}.out",
-        requeue=attempt.capacity == Capacity.SPOT,
+        output=f"{workdir}/gbroker-{job_id}.out",
+        requeue=capacity == Capacity.SPOT,
         env=dict(spec.env),
         signal=f"B:USR1@{spec.signal_lead_s}",
     )
+
+
+PREFLIGHT_TTL = timedelta(minutes=10)
+"""How long a passed `sbatch --test-only` vouches for the same user, account, partition and size."""
+
+
+def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capacity: Capacity) -> None:
+    """Let Slurm refuse a job it would refuse (wrong account, partition, size) before anything is stored.
+
+    One `sbatch --test-only` as the user; a pass is remembered for a while, so a
+    burst of submissions costs one check. Slurm unreachable: skip (the intent is
+    stored and submitted later, as for any submission).
+    """
+    now = svc.clock.now()
+    cache_key = (caller.name, spec.group, partition, spec.nodes, spec.gpus_per_node)
+    cache: dict[tuple[object, ...], datetime] = svc.__dict__.setdefault("preflight_passed", {})
+    if cache.get(cache_key, now) > now:
+        return
+    req = request_for(
+        spec, job_id=0, key="gb-preflight", attempt_number=1, partition=partition, capacity=capacity,
+        owner_name=caller.name,
+    )
+    try:
+        svc.backend.check(req)
+    except SlurmUnavailable:
+        return
+    except SlurmError as exc:
+        raise SpecError(
+            f"Slurm refuses this job: {_slurm_reason(exc)}",
+            hint=f"check --group (your Slurm account; `sacctmgr show assoc user={caller.name}` lists yours) "
+            "and the size; nothing was submitted",
+        ) from None
+    cache[cache_key] = now + PREFLIGHT_TTL
+
+
+def _slurm_reason(exc: SlurmError) -> str:
+    lines = [ln.strip() for ln in (exc.stderr or exc.message).splitlines() if ln.strip()]
+    return lines[-1].removeprefix("sbatch: error: ") if lines else exc.message
 
 
 def _daemon_is_root() -> bool:

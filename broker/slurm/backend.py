@@ -158,6 +158,13 @@ class Backend(abc.ABC):
     def submit(self, req: SubmitRequest) -> int:
         """Queue one batch job (as ``req.user`` when given); return its job id."""
 
+    def check(self, req: SubmitRequest) -> None:
+        """Ask Slurm whether ``req`` would be accepted, creating nothing.
+
+        Raises SlurmError with Slurm's reason (unknown account, partition the
+        user may not use, impossible size). The default accepts everything.
+        """
+
     @abc.abstractmethod
     def jobs(
         self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None

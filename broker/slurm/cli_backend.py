@@ -180,6 +180,15 @@ class CliBackend(Backend):
         except ValueError as exc:
             raise SlurmError(str(exc), argv=argv, returncode=0, stderr=result.stderr) from None
 
+    def check(self, req: SubmitRequest) -> None:
+        """``sbatch --test-only`` as the user: Slurm validates account, partition and
+        size without creating a job. Raises SlurmError with Slurm's message."""
+        argv = self.sbatch_argv(req)
+        argv.insert(1, "--test-only")
+        self.runner.run(
+            argv, timeout_s=self.submit_timeout_s, env=self.submit_env(req), user=req.user, input=req.script
+        )
+
     # -- reads ------------------------------------------------------------
 
     def jobs(

@@ -142,14 +142,22 @@ def render_batch_script(
     if not checkpoint_dir:
         raise SpecError("the checkpoint directory is empty")
 
+    # When Slurm requeues the job itself (a node failure on spot), the same
+    # script runs again: SLURM_RESTART_COUNT tells which run this is, and the
+    # broker numbers that run attempt + restarts.
     lines = [
         f"export GBROKER_JOB_ID={shlex.quote(job)}",
-        f"export GBROKER_ATTEMPT={attempt}",
+        f"export GBROKER_ATTEMPT=$(( {attempt} + ${{SLURM_RESTART_COUNT:-0}} ))",
         f"export GBROKER_CHECKPOINT_DIR={shlex.quote(checkpoint_dir)}",
     ]
     if resume_from is not None:
         lines.append(
             f"export GBROKER_RESUME_FROM={shlex.quote(_check('resume path', resume_from))}"
+        )
+    else:
+        lines.append(
+            'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then '
+            'export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi'
         )
     if warning_signal_s is not None:
         if isinstance(warning_signal_s, bool) or int(warning_signal_s) < 0:

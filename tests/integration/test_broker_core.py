@@ -61,6 +61,7 @@ def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_clust
     result = json.loads(out.read_text())
     assert result["step"] == 30
     starts = [a["from_step"] for a in result["attempts"]]
+    assert [a["attempt"] for a in result["attempts"]] == [1, 2, 3]  # GBROKER_ATTEMPT follows the requeues
     assert len(starts) == 3 and starts[0] == 0
     assert 0 < starts[1] < starts[2] < 30, f"did not resume from checkpoints: {starts}"
     # Lost work is accounted per reclaimed attempt, and small thanks to the 1 s checkpoints.

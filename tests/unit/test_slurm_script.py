@@ -42,7 +42,7 @@ def test_golden_first_attempt_from_a_script_path() -> None:
         script_path="/home/alice/run.sh",
     )
     assert got == (DATA / "golden_first.sh").read_text()
-    assert "GBROKER_RESUME_FROM" not in got
+    assert "export GBROKER_RESUME_FROM=/" not in got  # only set when Slurm restarted the job
     assert "/bin/bash /home/alice/run.sh &" in got
 
 
@@ -231,3 +231,20 @@ def test_program_killed_by_a_signal_reports_it(tmp_path: Path) -> None:
     child = int(pgrep.stdout.split()[0])
     os.kill(child, signal.SIGKILL)
     assert proc.wait(timeout=15) == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize("restarts,attempt,resume", [("", "3", ""), ("2", "5", "/ck/j")])
+def test_a_slurm_requeue_numbers_the_attempt_and_resumes(tmp_path, restarts: str, attempt: str, resume: str) -> None:
+    """Slurm reruns the same script after a node failure: attempt and resume path follow SLURM_RESTART_COUNT."""
+    script = render_batch_script(
+        job_id="j", attempt=3, checkpoint_dir=str(tmp_path / "ck" / "j"),
+        command=["sh", "-c", 'echo "$GBROKER_ATTEMPT|${GBROKER_RESUME_FROM:-}"'],
+    )
+    env = dict(os.environ)
+    env.pop("SLURM_RESTART_COUNT", None)
+    if restarts:
+        env["SLURM_RESTART_COUNT"] = restarts
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    got_attempt, got_resume = out.strip().split("|")
+    assert got_attempt == attempt
+    assert got_resume == (str(tmp_path / "ck" / "j") if resume else "")

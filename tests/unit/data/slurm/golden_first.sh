@@ -2,8 +2,9 @@
 # gbroker batch script. Generated; every Slurm option is given on the sbatch command line.
 set -u
 export GBROKER_JOB_ID=j-000007
-export GBROKER_ATTEMPT=0
+export GBROKER_ATTEMPT=$(( 0 + ${SLURM_RESTART_COUNT:-0} ))
 export GBROKER_CHECKPOINT_DIR=/scratch/ck/j7
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi
 mkdir -p -- "$GBROKER_CHECKPOINT_DIR"
 
 # Run the program in the background so this shell can forward signals to it.

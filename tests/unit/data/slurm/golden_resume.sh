@@ -2,7 +2,7 @@
 # gbroker batch script. Generated; every Slurm option is given on the sbatch command line.
 set -u
 export GBROKER_JOB_ID=j-000042
-export GBROKER_ATTEMPT=2
+export GBROKER_ATTEMPT=$(( 2 + ${SLURM_RESTART_COUNT:-0} ))
 export GBROKER_CHECKPOINT_DIR='/scratch/ck/j 42'
 export GBROKER_RESUME_FROM='/scratch/ck/j 42/step-900'
 export GBROKER_WARNING_SECONDS=120

@@ -2,8 +2,9 @@
 # gbroker batch script. Generated; every Slurm option is given on the sbatch command line.
 set -u
 export GBROKER_JOB_ID=j-000009
-export GBROKER_ATTEMPT=1
+export GBROKER_ATTEMPT=$(( 1 + ${SLURM_RESTART_COUNT:-0} ))
 export GBROKER_CHECKPOINT_DIR=/scratch/ck/j9
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi
 export GBROKER_WARNING_SECONDS=90
 mkdir -p -- "$GBROKER_CHECKPOINT_DIR"
 script_file=$(mktemp "${TMPDIR:-/tmp}/gbroker-script.XXXXXX")
