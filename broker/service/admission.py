@@ -1,20 +1,29 @@
-"""Admission at submit: quota and budget checks, and the money reserved for the job.
+"""Admission at submit: membership, quota and budget checks, and the money reserved for the job.
 
 Called inside the submit transaction, under the daemon's write lock, so the
 check and the reservation are one step: twenty submissions at once cannot
-overspend. This first version admits everything and reserves nothing; the
-budget module replaces it.
+overspend (each sees the reservations of those admitted before it).
+
+A job of a group gbroker does not manage (no group for its Slurm account) is
+admitted with its estimate and nothing reserved; a managed group without a
+budget in the current semester has no money limit (quotas still apply).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from broker.api import Caller
+from broker.errors import AdmissionRefused, PermissionDenied
+from broker.money import format_money
+from broker.service import budgets as B
 from broker.spec import JobSpec
+
+CAPACITY_WORDS = {"spot": "spot", "ondemand": "on-demand"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,7 @@ class Admission:
 
 def admit(
     session: Session,
-    svc: object,
+    svc: Any,
     caller: Caller,
     spec: JobSpec,
     capacity: str,
@@ -36,4 +45,94 @@ def admit(
     now: datetime,
 ) -> Admission:
     """Raise AdmissionRefused (with the numbers) or return what to reserve."""
-    return Admission()
+    settings = svc.settings
+    book = B.price_book(session)
+    size = B.JobSize(spec.gpus, spec.time_limit_s)
+    estimates: dict[str, int | None] = {capacity: B.attempt_estimate(book, partition, capacity, size, now)}
+    for other in ("spot", "ondemand"):
+        if other == capacity or (other == "spot" and not spec.interruptible):
+            continue  # a job that must not be reclaimed has no spot figure to show
+        estimates[other] = B.attempt_estimate(book, settings.partition_for(other), other, size, now)
+    estimate = estimates[capacity]
+
+    group = B.group_of_account(session, spec.group)
+    if group is None:
+        return Admission(estimate_micros=estimate or 0, reserved_micros=0)
+    if not caller.is_admin and caller.name not in B.members(session, group.id):
+        raise PermissionDenied(
+            f"user {caller.name} is not a member of group {group.name} (Slurm account {group.slurm_account})",
+            hint=f"submit with your own group, or ask a lab admin: gbroker group members {group.name} --add {caller.name}",
+        )
+    _check_quota(session, group, spec, capacity)
+
+    semester = B.semester_at(session, now)
+    budget = B.budget_of(session, group.id, semester.id) if semester is not None else None
+    if semester is None or budget is None:
+        where = f"in {semester.name}" if semester is not None else "now (no semester is in force)"
+        return Admission(
+            estimate_micros=estimate or 0, reserved_micros=0, note=f"group {group.name} has no budget {where}"
+        )
+    if estimate is None:
+        raise AdmissionRefused(
+            f"group {group.name} has a budget in {semester.name}, but the price book has no price "
+            f"for partition {partition} ({CAPACITY_WORDS.get(capacity, capacity)}), so the job cannot be estimated",
+            hint=f"ask a lab admin to add one: gbroker price set {partition} --capacity {capacity} --price ... --from ...",
+        )
+    status = B.budget_status(session, group, semester, budget, book, settings, now)
+    if status.exhausted or status.committed_micros + estimate > status.amount_micros:
+        raise AdmissionRefused(refusal_message(status, capacity, estimates), hint=_refusal_hint(status, capacity, estimates))
+    return Admission(estimate_micros=estimate, reserved_micros=estimate)
+
+
+def refusal_message(status: B.BudgetStatus, capacity: str, estimates: dict[str, int | None]) -> str:
+    """'group vision: $412.30 left of $12,000.00 in 2026-fall; this job is estimated at $530.00 on on-demand, ...'"""
+    left = max(0, status.left_micros)
+    parts = [f"{format_money(estimates[capacity] or 0)} on {CAPACITY_WORDS.get(capacity, capacity)}"]
+    for other, value in estimates.items():
+        if other != capacity and value is not None:
+            parts.append(f"{format_money(value)} on {CAPACITY_WORDS.get(other, other)}")
+    msg = (
+        f"group {status.group}: {format_money(left)} left of {format_money(status.amount_micros)} "
+        f"in {status.semester}; this job is estimated at {', '.join(parts)}"
+    )
+    if status.exhausted:
+        msg = f"group {status.group} has spent its budget ({format_money(status.spent_micros)} of " \
+              f"{format_money(status.amount_micros)} in {status.semester}); new jobs are refused. " + msg
+    return msg
+
+
+def _refusal_hint(status: B.BudgetStatus, capacity: str, estimates: dict[str, int | None]) -> str:
+    reserved = (
+        f"{format_money(status.reserved_micros)} is reserved by the group's running and pending jobs "
+        "and comes back as they finish; " if status.reserved_micros else ""
+    )
+    cheaper = [
+        c for c, v in estimates.items()
+        if c != capacity and v is not None and status.committed_micros + v <= status.amount_micros
+    ]
+    spot = "the spot estimate fits: submit with --partition spot (interruptible); " if "spot" in cheaper else ""
+    return (
+        f"{reserved}{spot}ask for fewer GPUs or a shorter --time, "
+        f"or ask a lab admin to raise the budget (gbroker budget set {status.group} --semester {status.semester} ...)"
+    )
+
+
+def _check_quota(session: Session, group: Any, spec: JobSpec, capacity: str) -> None:
+    quota = B.quota_of(session, group.id)
+    if quota is None:
+        return
+    total, ondemand = B.gpus_in_flight(session, group.slurm_account)
+    if quota.max_gpus is not None and total + spec.gpus > quota.max_gpus:
+        raise AdmissionRefused(
+            f"group {group.name}: quota is {quota.max_gpus} GPUs at once; {total} are queued or running "
+            f"and this job needs {spec.gpus}",
+            hint="wait for some of the group's jobs to finish, or ask a lab admin to raise the quota "
+            f"(gbroker quota set {group.name} --gpus N)",
+        )
+    if capacity == "ondemand" and quota.max_ondemand_gpus is not None and ondemand + spec.gpus > quota.max_ondemand_gpus:
+        raise AdmissionRefused(
+            f"group {group.name}: quota is {quota.max_ondemand_gpus} on-demand GPUs at once; {ondemand} are "
+            f"queued or running on on-demand and this job needs {spec.gpus}",
+            hint="make the job interruptible so it can run on spot, wait, or ask a lab admin to raise the quota "
+            f"(gbroker quota set {group.name} --ondemand-gpus N)",
+        )

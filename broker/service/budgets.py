@@ -1,0 +1,284 @@
+"""Where a group stands against its budget: spent, reserved, left. Read-only queries.
+
+Definitions used everywhere (admission, the ledger tick, reports):
+
+* spent     = the group's charges whose period starts inside the semester;
+* reserved  = for each of the group's jobs whose charges are not all in yet:
+              what was reserved at admission minus what it has been charged
+              so far (never below zero); a job that was reclaimed or failed and
+              goes on holds at least one more full attempt at its current price;
+* committed = spent + reserved: the money that is gone or promised.
+
+Admission refuses a job when committed + its estimate would pass the amount,
+so twenty submissions at once cannot overspend. Reservations always count
+against the semester in force now (that is when the money will be spent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from broker.api import Caller
+from broker.config import Settings
+from broker.db.ledger_models import (
+    Budget,
+    Charge,
+    GroupMember,
+    LabGroup,
+    Price,
+    Quota,
+    ReservationRelease,
+    Semester,
+)
+from broker.db.models import Job
+from broker.errors import NotFound
+from broker.money import format_money
+from broker.service.charging import billable_limit_s, estimate_micros
+from broker.service.pricing import PriceBook, PriceRow
+from broker.states import TERMINAL
+
+DEFAULT_THRESHOLDS = (50, 80, 100)
+
+
+# -- lookups --------------------------------------------------------------------
+def price_book(s: Session) -> PriceBook:
+    rows = s.execute(select(Price.partition, Price.capacity, Price.price_micros, Price.effective_at)).all()
+    return PriceBook.of(PriceRow(p, c, m, e) for p, c, m, e in rows)
+
+
+def semester_at(s: Session, at: datetime) -> Semester | None:
+    return s.execute(
+        select(Semester).where(Semester.starts_at <= at, Semester.ends_at > at)
+    ).scalar_one_or_none()
+
+
+def semester_named(s: Session, name: str) -> Semester:
+    sem = s.execute(select(Semester).where(Semester.name == name)).scalar_one_or_none()
+    if sem is None:
+        known = ", ".join(s.execute(select(Semester.name).order_by(Semester.starts_at)).scalars()) or "none yet"
+        raise NotFound(f"no semester {name!r} (known: {known})", hint="`gbroker semester list` shows them")
+    return sem
+
+
+def semester_cuts(s: Session) -> list[datetime]:
+    """Every semester boundary: charges are cut there so each line belongs to one semester."""
+    out: set[datetime] = set()
+    for a, b in s.execute(select(Semester.starts_at, Semester.ends_at)).all():
+        out.update((a, b))
+    return sorted(out)
+
+
+def group_named(s: Session, name: str) -> LabGroup:
+    g = s.execute(select(LabGroup).where(LabGroup.name == name)).scalar_one_or_none()
+    if g is None:
+        known = ", ".join(s.execute(select(LabGroup.name).order_by(LabGroup.name)).scalars()) or "none yet"
+        raise NotFound(f"no group {name!r} (known: {known})", hint="`gbroker group list` shows them")
+    return g
+
+
+def group_of_account(s: Session, account: str) -> LabGroup | None:
+    return s.execute(select(LabGroup).where(LabGroup.slurm_account == account)).scalar_one_or_none()
+
+
+def members(s: Session, group_id: int) -> list[str]:
+    return list(
+        s.execute(
+            select(GroupMember.user_name).where(GroupMember.group_id == group_id).order_by(GroupMember.user_name)
+        ).scalars()
+    )
+
+
+def visible_groups(s: Session, caller: Caller) -> list[LabGroup]:
+    """Admins see every group; a user sees the groups they are a member of."""
+    q = select(LabGroup).order_by(LabGroup.name)
+    if not caller.is_admin:
+        q = q.where(
+            exists().where(GroupMember.group_id == LabGroup.id, GroupMember.user_name == caller.name)
+        )
+    return list(s.execute(q).scalars())
+
+
+def quota_of(s: Session, group_id: int) -> Quota | None:
+    return s.get(Quota, group_id)
+
+
+def budget_of(s: Session, group_id: int, semester_id: int) -> Budget | None:
+    return s.execute(
+        select(Budget).where(Budget.group_id == group_id, Budget.semester_id == semester_id)
+    ).scalar_one_or_none()
+
+
+def parse_thresholds(text: str) -> list[int]:
+    return sorted({int(t) for t in text.split(",") if t.strip()})
+
+
+# -- jobs -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSize:
+    gpus: int
+    time_limit_s: int
+
+
+def job_size(job: Job) -> JobSize:
+    data = json.loads(job.spec_json)
+    gpus = int(data.get("nodes", 1)) * int(data.get("gpus_per_node", 1))
+    limit = str(data.get("time_limit", "0s"))
+    seconds = int(limit[:-1]) if limit.endswith("s") and limit[:-1].isdigit() else 0
+    return JobSize(gpus, seconds)
+
+
+def attempt_estimate(book: PriceBook, partition: str, capacity: str, size: JobSize, now: datetime) -> int | None:
+    """Most one attempt can cost: GPUs x the Slurm limit x the highest price in force meanwhile."""
+    limit = billable_limit_s(size.time_limit_s)
+    price = book.max_price(partition, capacity, now, now + timedelta(seconds=limit))
+    if price is None:
+        return None
+    return estimate_micros(size.gpus, limit, price)
+
+
+def charged_by_job(s: Session, job_ids: list[int]) -> dict[int, int]:
+    if not job_ids:
+        return {}
+    rows = s.execute(
+        select(Charge.job_id, func.sum(Charge.amount_micros)).where(Charge.job_id.in_(job_ids)).group_by(Charge.job_id)
+    ).all()
+    return {int(j): int(t or 0) for j, t in rows if j is not None}
+
+
+def unreleased_jobs(s: Session, account: str) -> list[Job]:
+    """The account's jobs whose reservation still counts (not yet fully charged)."""
+    q = (
+        select(Job)
+        .where(Job.group_name == account)
+        .where(~exists().where(ReservationRelease.job_id == Job.id))
+        .order_by(Job.id)
+    )
+    return list(s.execute(q).scalars())
+
+
+def job_holdings(
+    s: Session, jobs: list[Job], book: PriceBook, settings: Settings, now: datetime
+) -> dict[int, int]:
+    """Money each job still holds against the budget (see the module docstring)."""
+    charged = charged_by_job(s, [j.id for j in jobs])
+    out: dict[int, int] = {}
+    for job in jobs:
+        held = max(0, (job.reserved_micros or 0) - charged.get(job.id, 0))
+        if job.state not in TERMINAL and (job.reclaims or job.failures) and (job.reserved_micros or 0) > 0:
+            partition = job.partition or settings.partition_for(job.capacity.value)
+            again = attempt_estimate(book, partition, job.capacity.value, job_size(job), now)
+            if again is not None:
+                held = max(held, again)
+        out[job.id] = held
+    return out
+
+
+# -- status ---------------------------------------------------------------------
+def spent_micros(s: Session, account: str, semester: Semester) -> int:
+    total = s.execute(
+        select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
+            Charge.account == account,
+            Charge.period_start >= semester.starts_at,
+            Charge.period_start < semester.ends_at,
+        )
+    ).scalar_one()
+    return int(total)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    group: str
+    account: str
+    semester: str
+    budget_id: int
+    amount_micros: int
+    spent_micros: int
+    reserved_micros: int
+    current: bool
+    """True when the semester is in force now (reservations count only then)."""
+
+    @property
+    def committed_micros(self) -> int:
+        return self.spent_micros + self.reserved_micros
+
+    @property
+    def left_micros(self) -> int:
+        return self.amount_micros - self.committed_micros
+
+    @property
+    def exhausted(self) -> bool:
+        """Spend reached 100 % of the amount."""
+        return self.spent_micros >= self.amount_micros
+
+    @property
+    def over(self) -> bool:
+        """At the limit: spent it all, or promised more than the amount (after a budget cut)."""
+        return self.exhausted or self.committed_micros > self.amount_micros
+
+    def pct_spent(self) -> float:
+        # For display only; decisions compare integers.
+        return 100.0 * self.spent_micros / self.amount_micros if self.amount_micros else 100.0
+
+    def crossed(self, threshold_pct: int) -> bool:
+        return self.spent_micros * 100 >= threshold_pct * self.amount_micros
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "account": self.account,
+            "semester": self.semester,
+            "amount_micros": self.amount_micros,
+            "spent_micros": self.spent_micros,
+            "reserved_micros": self.reserved_micros,
+            "committed_micros": self.committed_micros,
+            "left_micros": self.left_micros,
+            "amount": format_money(self.amount_micros),
+            "spent": format_money(self.spent_micros),
+            "reserved": format_money(self.reserved_micros),
+            "left": format_money(self.left_micros),
+            "pct_spent": round(self.pct_spent(), 2),
+            "at_limit": self.over,
+            "exhausted": self.exhausted,
+        }
+
+
+def budget_status(
+    s: Session,
+    group: LabGroup,
+    semester: Semester,
+    budget: Budget,
+    book: PriceBook,
+    settings: Settings,
+    now: datetime,
+) -> BudgetStatus:
+    current = semester.starts_at <= now < semester.ends_at
+    reserved = 0
+    if current:
+        reserved = sum(job_holdings(s, unreleased_jobs(s, group.slurm_account), book, settings, now).values())
+    return BudgetStatus(
+        group=group.name,
+        account=group.slurm_account,
+        semester=semester.name,
+        budget_id=budget.id,
+        amount_micros=budget.amount_micros,
+        spent_micros=spent_micros(s, group.slurm_account, semester),
+        reserved_micros=reserved,
+        current=current,
+    )
+
+
+def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
+    """(all, on-demand) GPUs of the account's jobs that are queued or running."""
+    jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
+    total = ondemand = 0
+    for job in jobs:
+        g = job_size(job).gpus
+        total += g
+        if job.capacity.value == "ondemand":
+            ondemand += g
+    return total, ondemand

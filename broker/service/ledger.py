@@ -1,0 +1,479 @@
+"""The ledger tick: charge ended runs, release reservations, alert, and stop groups at their budget.
+
+Each tick:
+
+1. finds the Slurm jobs with an ended attempt that is not charged yet and
+   reads them all with ONE ``sacct --duplicates`` call (every run of a
+   requeued job is a row; sacct's elapsed time is the truth);
+2. charges every ended run not charged before, cut per price period,
+   semester and useful/lost part (``broker.service.charging``), in one
+   transaction; ``ledger_runs`` and ``charges`` are keyed so a run can never
+   be charged twice, even after a crash between "charged" and "told";
+3. releases the reservation of every finished job whose runs are all charged;
+4. per budget of the semester in force: announces thresholds crossed, holds
+   the group's pending jobs in Slurm while it is at its limit (intent first,
+   then ``scontrol hold``), releases them when the budget allows again, and
+   cancels running jobs at 100 % when the budget says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from broker.db import store
+from broker.db.ledger_models import (
+    TAG_IDLE,
+    Budget,
+    BudgetAlert,
+    BudgetHold,
+    Charge,
+    LabGroup,
+    LedgerRun,
+    ReservationRelease,
+)
+from broker.db.models import Attempt, Job
+from broker.errors import SlurmError, SlurmUnavailable
+from broker.money import format_money
+from broker.service import alerts
+from broker.service import budgets as B
+from broker.service.charging import MissingPrice, Run, split_run
+from broker.slurm.backend import SacctRow
+from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+
+log = logging.getLogger(__name__)
+
+MAX_SLURM_IDS_PER_TICK = 500
+"""Bounds the one sacct call; the rest waits for the next tick."""
+GIVE_UP_AFTER = timedelta(hours=1)
+"""A finished job whose accounting row for an attempt never appears is closed (at zero) after this."""
+NO_ACCOUNTING = "NO_ACCOUNTING"
+LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED)
+HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
+
+
+def ticks(svc: Any) -> list[tuple[str, Callable[[], None], float]]:
+    interval = max(1.0, float(svc.settings.tick_seconds))
+    return [("ledger", lambda: ledger_tick(svc), interval)]
+
+
+def ledger_tick(svc: Any) -> None:
+    now = svc.clock.now()
+    try:
+        charge_ended_runs(svc, now)
+    except SlurmUnavailable as exc:
+        log.info("ledger: Slurm accounting unreachable (%s); charging waits", exc)
+    release_reservations(svc, now)
+    enforce_budgets(svc, now)
+
+
+# -- 1 and 2: charging ------------------------------------------------------------
+def _unsettled_attempts(s: Session) -> Any:
+    settled = exists().where(
+        LedgerRun.slurm_job_id == Attempt.slurm_job_id, LedgerRun.run_index == Attempt.slurm_restarts
+    )
+    return (
+        select(Attempt)
+        .where(Attempt.slurm_job_id.is_not(None), Attempt.state.in_(list(ATTEMPT_TERMINAL)))
+        .where(~settled)
+    )
+
+
+def slurm_ids_to_charge(s: Session) -> list[int]:
+    q = _unsettled_attempts(s).with_only_columns(Attempt.slurm_job_id).distinct()
+    ids = sorted(int(i) for i in s.execute(q).scalars())
+    return ids[:MAX_SLURM_IDS_PER_TICK]
+
+
+def charge_ended_runs(svc: Any, now: datetime) -> int:
+    """Charge every ended, uncharged run of the Slurm jobs that need it. Returns runs charged."""
+    with svc.sessions() as s:
+        ids = slurm_ids_to_charge(s)
+    if not ids:
+        return 0
+    rows = svc.backend.history(job_ids=ids)  # ONE sacct --duplicates call for all of them
+    by_id: dict[int, list[SacctRow]] = {}
+    for r in rows:
+        by_id.setdefault(r.job_id, []).append(r)
+    charged = 0
+    with svc.tx() as s:
+        book = B.price_book(s)
+        cuts = B.semester_cuts(s)
+        settled = {
+            (sid, idx)
+            for sid, idx in s.execute(
+                select(LedgerRun.slurm_job_id, LedgerRun.run_index).where(LedgerRun.slurm_job_id.in_(ids))
+            ).all()
+        }
+        attempts = store.attempts_by_slurm_id(s, ids)
+        for sid in ids:
+            mine = [a for a in attempts if a.slurm_job_id == sid]
+            charged += _charge_slurm_job(s, svc, sid, mine, by_id.get(sid, []), settled, book, cuts, now)
+    if charged:
+        svc.crash.reach("ledger_after_charge")
+    return charged
+
+
+def _charge_slurm_job(
+    s: Session, svc: Any, sid: int, attempts: list[Attempt], rows: list[SacctRow],
+    settled: set[tuple[int, int]], book: Any, cuts: list[datetime], now: datetime,
+) -> int:
+    if not attempts:
+        return 0
+    job = s.get(Job, attempts[0].job_id)
+    assert job is not None
+    by_index = {a.slurm_restarts or 0: a for a in attempts}
+    furthest = max(by_index)
+    done = 0
+    for row in sorted(rows, key=lambda r: r.restarts):
+        key = (sid, row.restarts)
+        if key in settled or row.end is None or row.state not in ATTEMPT_TERMINAL:
+            continue
+        att = by_index.get(row.restarts)
+        if att is not None and att.state not in ATTEMPT_TERMINAL:
+            continue  # reconcile has not closed this attempt yet (its lost work is not known)
+        if att is None and not (row.restarts < furthest or job.state in TERMINAL):
+            continue  # a run the daemon has not caught up with yet
+        try:
+            _charge_run(s, svc, job, att, row, book, cuts, now)
+        except MissingPrice as exc:
+            log.warning("ledger: run %s of Slurm job %s stays uncharged: %s", row.restarts, sid, exc.message)
+            continue
+        settled.add(key)
+        done += 1
+    _close_missing(s, sid, job, attempts, rows, settled, now)
+    return done
+
+
+def _capacity_of(svc: Any, partition: str, att: Attempt | None) -> str:
+    if partition == svc.settings.spot_partition:
+        return "spot"
+    if partition == svc.settings.ondemand_partition:
+        return "ondemand"
+    return att.capacity.value if att is not None else "ondemand"
+
+
+def _charge_run(
+    s: Session, svc: Any, job: Job, att: Attempt | None, row: SacctRow, book: Any,
+    cuts: list[datetime], now: datetime,
+) -> None:
+    partition = row.partition or (att.partition if att is not None else None) or job.partition or ""
+    capacity = _capacity_of(svc, partition, att)
+    gpus = row.alloc_gpus or B.job_size(job).gpus
+    elapsed = max(0, row.elapsed_s)
+    if row.state in LOST_STATES:
+        lost = att.lost_s if att is not None and att.state in LOST_STATES and att.lost_s is not None else elapsed
+    else:
+        lost = 0
+    lines = []
+    if row.start is not None and elapsed > 0:
+        run = Run(row.job_id, row.restarts, row.start, elapsed, gpus, partition, capacity, lost)
+        ondemand = (svc.settings.ondemand_partition, "ondemand")
+        lines = split_run(run, book, cuts=cuts, ondemand=ondemand)
+    account = row.account or job.group_name
+    user = job.owner_name or row.user
+    for line in lines:
+        s.add(Charge(
+            line_key=line.key(row.job_id, row.restarts), slurm_job_id=row.job_id, run_index=row.restarts,
+            job_id=job.id, attempt_id=att.id if att is not None else None, account=account, user_name=user,
+            kind=job.kind, partition=partition, capacity=capacity, node="", tag=line.tag,
+            period_start=line.period_start, period_end=line.period_end, seconds=line.seconds, gpus=line.gpus,
+            price_micros=line.price_micros, amount_micros=line.amount_micros,
+            ondemand_micros=line.ondemand_micros, created_at=now,
+        ))
+    total = sum(line.amount_micros for line in lines)
+    s.add(LedgerRun(
+        slurm_job_id=row.job_id, run_index=row.restarts, job_id=job.id,
+        attempt_id=att.id if att is not None else None, account=account, user_name=user,
+        partition=partition, capacity=capacity, state_raw=row.state_raw[:64], gpus=gpus,
+        started_at=row.start, elapsed_s=elapsed, lost_s=min(lost, elapsed), total_micros=total, settled_at=now,
+    ))
+    s.flush()
+    parts = f" in {len(lines)} parts" if len(lines) > 1 else ""
+    store.add_event(
+        s, "charged",
+        f"run {row.restarts} of Slurm job {row.job_id} ({row.state_raw}, {elapsed}s x {gpus} GPU on "
+        f"{partition}): {format_money(total)}{parts}",
+        now=now, job_id=job.id,
+        data={"slurm_job_id": row.job_id, "run_index": row.restarts, "total_micros": total, "lines": len(lines)},
+    )
+
+
+def _close_missing(
+    s: Session, sid: int, job: Job, attempts: list[Attempt], rows: list[SacctRow],
+    settled: set[tuple[int, int]], now: datetime,
+) -> None:
+    """Close attempts whose accounting row never came, once nothing more can come."""
+    if job.state not in TERMINAL:
+        return
+    finished = job.finished_at or job.updated_at
+    if finished is None or now - finished < GIVE_UP_AFTER:
+        return
+    if any(r.end is None or (sid, r.restarts) not in settled for r in rows):
+        return
+    for att in attempts:
+        idx = att.slurm_restarts or 0
+        if att.state in ATTEMPT_TERMINAL and (sid, idx) not in settled:
+            log.warning("ledger: no accounting row for run %s of Slurm job %s; closing it at zero", idx, sid)
+            s.add(LedgerRun(
+                slurm_job_id=sid, run_index=idx, job_id=job.id, attempt_id=att.id, account=job.group_name,
+                user_name=job.owner_name, partition=att.partition or "", capacity=att.capacity.value,
+                state_raw=NO_ACCOUNTING, gpus=0, started_at=None, elapsed_s=0, lost_s=0, total_micros=0,
+                settled_at=now,
+            ))
+            settled.add((sid, idx))
+
+
+# -- 3: reservations ----------------------------------------------------------------
+def release_reservations(svc: Any, now: datetime) -> int:
+    """Finished jobs whose every run is charged stop holding money against the budget."""
+    with svc.tx() as s:
+        waiting = exists().where(
+            Attempt.job_id == Job.id,
+            Attempt.slurm_job_id.is_not(None),
+            ~exists().where(
+                LedgerRun.slurm_job_id == Attempt.slurm_job_id, LedgerRun.run_index == Attempt.slurm_restarts
+            ),
+        )
+        q = (
+            select(Job)
+            .where(Job.state.in_(list(TERMINAL)))
+            .where(~exists().where(ReservationRelease.job_id == Job.id))
+            .where(~waiting)
+        )
+        jobs = list(s.execute(q).scalars())
+        charged = B.charged_by_job(s, [j.id for j in jobs])
+        for job in jobs:
+            s.add(ReservationRelease(job_id=job.id, charged_micros=charged.get(job.id, 0), released_at=now))
+            if job.reserved_micros:
+                store.add_event(
+                    s, "released",
+                    f"reservation of {format_money(job.reserved_micros)} released; charged "
+                    f"{format_money(charged.get(job.id, 0))}",
+                    now=now, job_id=job.id,
+                )
+        return len(jobs)
+
+
+# -- 4: budgets -----------------------------------------------------------------------
+@dataclass
+class BudgetPlan:
+    alerts: list[tuple[alerts.Alert, list[str] | None, str | None]] = field(default_factory=list)
+    hold: list[tuple[int, int, int]] = field(default_factory=list)
+    """(job id, slurm job id, budget id) to hold."""
+    release: list[tuple[int, int]] = field(default_factory=list)
+    """(hold row id, slurm job id) to release."""
+    cancel: list[tuple[int, int]] = field(default_factory=list)
+    """(job id, slurm job id) to cancel."""
+    statuses: list[B.BudgetStatus] = field(default_factory=list)
+
+
+def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
+    plan = BudgetPlan()
+    with svc.tx() as s:
+        _plan_budgets(s, svc, now, plan)
+        hold_ids: dict[int, int] = {}
+        for job_id, sid, budget_id in plan.hold:  # intent before action
+            row = BudgetHold(job_id=job_id, slurm_job_id=sid, budget_id=budget_id, held_at=now)
+            s.add(row)
+            s.flush()
+            hold_ids[sid] = row.id
+            store.add_event(s, "budget_hold", f"held in Slurm: group at its budget (Slurm job {sid})",
+                            now=now, job_id=job_id)
+        for job_id, sid in plan.cancel:
+            store.add_event(s, "budget_cancel", f"cancelled: group spent 100 % of its budget (Slurm job {sid})",
+                            now=now, job_id=job_id)
+    for alert, command, url in plan.alerts:
+        alerts.fire(alert, command, url, spawn=spawn)
+    svc.crash.reach("ledger_before_hold")
+    try:
+        _act_on_slurm(svc, plan, hold_ids, now)
+    except SlurmUnavailable as exc:
+        # Holds stay recorded as intents and releases stay open: the next tick tries again.
+        log.info("ledger: Slurm unreachable for holds/releases (%s); trying next tick", exc)
+    return plan
+
+
+def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: datetime) -> None:
+    if plan.hold:
+        failed = _slurm_each(svc.backend.hold, [sid for _, sid, _ in plan.hold])
+        if failed:
+            with svc.tx() as s:
+                for sid in failed:
+                    row = s.get(BudgetHold, hold_ids[sid])
+                    if row is not None:
+                        row.released_at = now  # it was not held (it started, or left the queue)
+    if plan.release:
+        # A refusal means the job is no longer held (or gone): the hold is over either way.
+        _slurm_each(svc.backend.release, [sid for _, sid in plan.release])
+        with svc.tx() as s:
+            for hold_id, _ in plan.release:
+                row = s.get(BudgetHold, hold_id)
+                if row is not None and row.released_at is None:
+                    row.released_at = now
+                    store.add_event(s, "budget_release", f"released in Slurm (Slurm job {row.slurm_job_id})",
+                                    now=now, job_id=row.job_id)
+    if plan.cancel:
+        _slurm_each(svc.backend.cancel, [sid for _, sid in plan.cancel])
+
+
+def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int]:
+    """One call for the list; when Slurm refuses part of it, find out which ids failed, one by one.
+
+    SlurmUnavailable propagates: nothing is known then.
+    """
+    try:
+        action(ids)
+        return []
+    except SlurmUnavailable:
+        raise
+    except SlurmError as exc:
+        log.info("ledger: Slurm refused %s for %s: %s", getattr(action, "__name__", "action"), ids,
+                 exc.stderr.strip() or exc.message)
+        if len(ids) == 1:
+            return list(ids)
+    failed = []
+    for sid in ids:
+        try:
+            action([sid])
+        except SlurmUnavailable:
+            raise
+        except SlurmError:
+            failed.append(sid)
+    return failed
+
+
+def _plan_budgets(s: Session, svc: Any, now: datetime, plan: BudgetPlan) -> None:
+    semester = B.semester_at(s, now)
+    book = B.price_book(s)
+    open_holds = list(s.execute(select(BudgetHold).where(BudgetHold.released_at.is_(None))).scalars())
+    over_budgets: set[int] = set()
+    budgets = []
+    if semester is not None:
+        budgets = list(s.execute(select(Budget).where(Budget.semester_id == semester.id)).scalars())
+    for budget in budgets:
+        group = s.get(LabGroup, budget.group_id)
+        assert group is not None and semester is not None
+        status = B.budget_status(s, group, semester, budget, book, svc.settings, now)
+        plan.statuses.append(status)
+        _plan_alerts(s, budget, status, now, plan)
+        if status.over and budget.hold_pending:
+            over_budgets.add(budget.id)
+            held = {h.job_id for h in open_holds}
+            for job, sid in _pending_in_slurm(s, group.slurm_account):
+                if job.id not in held:
+                    plan.hold.append((job.id, sid, budget.id))
+        if status.exhausted and budget.cancel_running:
+            plan.cancel.extend(_running_to_cancel(s, group.slurm_account))
+    for h in open_holds:
+        held_job = s.get(Job, h.job_id)
+        if held_job is None or held_job.state in TERMINAL:
+            h.released_at = now  # nothing left to release in Slurm
+        elif h.budget_id not in over_budgets:
+            plan.release.append((h.id, h.slurm_job_id))
+
+
+def _plan_alerts(s: Session, budget: Budget, status: B.BudgetStatus, now: datetime, plan: BudgetPlan) -> None:
+    fired = set(
+        s.execute(
+            select(BudgetAlert.threshold_pct).where(
+                BudgetAlert.budget_id == budget.id, BudgetAlert.amount_micros == budget.amount_micros
+            )
+        ).scalars()
+    )
+    for pct in B.parse_thresholds(budget.thresholds):
+        if pct in fired or not status.crossed(pct):
+            continue
+        s.add(BudgetAlert(budget_id=budget.id, threshold_pct=pct, amount_micros=budget.amount_micros,
+                          spent_micros=status.spent_micros, fired_at=now))
+        what = "new jobs are refused" + (", pending jobs held" if budget.hold_pending else "") if pct >= 100 else ""
+        message = (
+            f"group {status.group} crossed {pct}% of its {status.semester} budget: spent "
+            f"{format_money(status.spent_micros)} of {format_money(status.amount_micros)}"
+            + (f"; {what}" if what else "")
+        )
+        store.add_event(s, "budget_alert", message, now=now,
+                        data={"group": status.group, "semester": status.semester, "threshold_pct": pct})
+        alert = alerts.Alert(
+            group=status.group, semester=status.semester, threshold_pct=pct,
+            spent_micros=status.spent_micros, amount_micros=status.amount_micros,
+            spent=format_money(status.spent_micros), amount=format_money(status.amount_micros),
+            at=now.strftime("%Y-%m-%dT%H:%M:%SZ"), message=message,
+        )
+        command = json.loads(budget.alert_command) if budget.alert_command else None
+        plan.alerts.append((alert, command, budget.alert_url))
+
+
+def _latest_attempts(s: Session, account: str, states: tuple[JobState, ...]) -> list[tuple[Job, Attempt]]:
+    latest = select(Attempt.job_id, func.max(Attempt.number).label("n")).group_by(Attempt.job_id).subquery()
+    q = (
+        select(Job, Attempt)
+        .join(latest, latest.c.job_id == Job.id)
+        .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
+        .where(Job.group_name == account, Job.state.in_(list(states)))
+        .order_by(Job.id)
+    )
+    return [(j, a) for j, a in s.execute(q).all()]
+
+
+def _pending_in_slurm(s: Session, account: str) -> list[tuple[Job, int]]:
+    return [
+        (job, att.slurm_job_id)
+        for job, att in _latest_attempts(s, account, HOLDABLE)
+        if att.slurm_job_id is not None and att.state == AttemptState.PENDING
+    ]
+
+
+def _running_to_cancel(s: Session, account: str) -> list[tuple[int, int]]:
+    from broker.db.models import Event
+
+    out = []
+    for job, att in _latest_attempts(s, account, (JobState.RUNNING,)):
+        if att.slurm_job_id is None:
+            continue
+        told = s.execute(
+            select(Event.id).where(Event.job_id == job.id, Event.kind == "budget_cancel").limit(1)
+        ).first()
+        if told is None:
+            out.append((job.id, att.slurm_job_id))
+    return out
+
+
+# -- idle node time ---------------------------------------------------------------------
+def charge_idle_time(
+    s: Session, svc: Any, *, node: str, partition: str, capacity: str, start: datetime, end: datetime,
+    gpus: int, now: datetime, account: str = "",
+) -> int:
+    """Charge a node that was up with no job on it, as its own ``idle`` lines. Returns micro-units.
+
+    For the node-release tick: keyed on (node, period start), so reporting the
+    same idle stretch twice charges it once. Raises MissingPrice like a run.
+    """
+    seconds = int((end - start).total_seconds())
+    if seconds <= 0:
+        return 0
+    run = Run(0, 0, start, seconds, gpus, partition, capacity)
+    lines = split_run(run, B.price_book(s), cuts=B.semester_cuts(s),
+                      ondemand=(svc.settings.ondemand_partition, "ondemand"))
+    total = 0
+    for line in lines:
+        key = f"idle:{node}:{int(line.period_start.timestamp())}"
+        if s.execute(select(Charge.id).where(Charge.line_key == key)).first() is not None:
+            continue
+        s.add(Charge(
+            line_key=key, slurm_job_id=None, run_index=None, job_id=None, attempt_id=None, account=account,
+            user_name="", kind="idle", partition=partition, capacity=capacity, node=node, tag=TAG_IDLE,
+            period_start=line.period_start, period_end=line.period_end, seconds=line.seconds, gpus=gpus,
+            price_micros=line.price_micros, amount_micros=line.amount_micros,
+            ondemand_micros=line.amount_micros, created_at=now,
+        ))
+        total += line.amount_micros
+    s.flush()
+    return total
