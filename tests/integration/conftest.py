@@ -13,9 +13,10 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -60,7 +61,7 @@ class SlurmCluster:
     def run(self, argv: list[str], *, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command (argv list) against this cluster."""
-        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env,
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, env=self.env,
                               timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{argv} failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -97,8 +98,8 @@ class SlurmCluster:
 
     def reclaim(self, node: str) -> None:
         """Cloud-style spot reclaim: the node vanishes, its jobs are requeued (NODE_FAIL)."""
-        proc = subprocess.run([str(self.devcluster), "reclaim", node], capture_output=True,
-                              text=True, env=self.env, timeout=120)
+        proc = subprocess.run([str(self.devcluster), "reclaim", node], check=False,
+                              capture_output=True, text=True, env=self.env, timeout=120)
         if proc.returncode != 0:
             raise AssertionError(f"devcluster reclaim {node} failed: {proc.stdout}{proc.stderr}")
 
@@ -117,8 +118,8 @@ class SlurmCluster:
 
 
 def _devcluster(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(DEVCLUSTER), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([str(DEVCLUSTER), *args], check=False, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
