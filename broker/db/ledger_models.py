@@ -163,13 +163,14 @@ class LedgerRun(Base):
     """One Slurm run that has been charged (its lines are in ``charges``). Append-only."""
 
     __tablename__ = "ledger_runs"
-    __table_args__ = (UniqueConstraint("slurm_job_id", "run_index"),)
+    __table_args__ = (UniqueConstraint("slurm_job_id", "run_index", "job_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     slurm_job_id: Mapped[int] = mapped_column(BigInteger)
     run_index: Mapped[int] = mapped_column(Integer)
     """Zero-based index of the run among the sacct --duplicates rows of the Slurm job."""
-    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    """Part of the key: Slurm reuses job ids after its state is reset (or at MaxJobId)."""
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"))
     account: Mapped[str] = mapped_column(String(NAME_LEN))
     user_name: Mapped[str] = mapped_column(String(NAME_LEN))

@@ -59,10 +59,10 @@ def budget_table(budgets: list[dict[str, Any]], semester: str) -> str:
     rows = []
     for b in budgets:
         fc = b.get("forecast") or {}
-        if fc.get("runout_at"):
-            runout = fc["runout_at"][:10] + ("" if fc.get("runs_out_before_semester_end") else " (after end)")
+        if fc.get("runs_out_before_semester_end"):
+            runout = fc["runout_at"][:10]
         else:
-            runout = "-"
+            runout = "after semester end" if fc.get("runout_at") else "-"
         state = "AT LIMIT" if b["at_limit"] else ""
         rows.append([b["group"], b["amount"], b["spent"], f"{b['pct_spent']:.1f}%", b["reserved"], b["left"],
                      fc.get("burn_per_day", "-"), runout, state])

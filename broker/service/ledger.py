@@ -46,6 +46,7 @@ from broker.service import alerts
 from broker.service import budgets as B
 from broker.service.charging import MissingPrice, Run, split_run
 from broker.slurm.backend import SacctRow
+from broker.slurm.parse import number_attempts
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ def ledger_tick(svc: Any) -> None:
 # -- 1 and 2: charging ------------------------------------------------------------
 def _unsettled_attempts(s: Session) -> Any:
     settled = exists().where(
-        LedgerRun.slurm_job_id == Attempt.slurm_job_id, LedgerRun.run_index == Attempt.slurm_restarts
+        LedgerRun.job_id == Attempt.job_id,
+        LedgerRun.slurm_job_id == Attempt.slurm_job_id,
+        LedgerRun.run_index == Attempt.slurm_restarts,
     )
     return (
         select(Attempt)
@@ -106,29 +109,42 @@ def charge_ended_runs(svc: Any, now: datetime) -> int:
     with svc.tx() as s:
         book = B.price_book(s)
         cuts = B.semester_cuts(s)
-        settled = {
-            (sid, idx)
-            for sid, idx in s.execute(
-                select(LedgerRun.slurm_job_id, LedgerRun.run_index).where(LedgerRun.slurm_job_id.in_(ids))
-            ).all()
-        }
         attempts = store.attempts_by_slurm_id(s, ids)
         for sid in ids:
             mine = [a for a in attempts if a.slurm_job_id == sid]
-            charged += _charge_slurm_job(s, svc, sid, mine, by_id.get(sid, []), settled, book, cuts, now)
+            for job_id in sorted({a.job_id for a in mine}):
+                of_job = [a for a in mine if a.job_id == job_id]
+                charged += _charge_slurm_job(s, svc, sid, of_job, by_id.get(sid, []), book, cuts, now)
     if charged:
         svc.crash.reach("ledger_after_charge")
     return charged
 
 
+def runs_of_job(rows: list[SacctRow], key: str) -> list[SacctRow]:
+    """The rows of one gbroker job, numbered 0.. in run order.
+
+    Slurm reuses job ids once its state is reset, so a Slurm id alone can name
+    runs of two jobs; the job name (``<key>-<attempt>``) tells them apart.
+    """
+    mine = [r for r in rows if not r.name or r.name.startswith(key + "-")]
+    if len(mine) == len(rows):
+        return rows
+    return number_attempts(mine)
+
+
 def _charge_slurm_job(
-    s: Session, svc: Any, sid: int, attempts: list[Attempt], rows: list[SacctRow],
-    settled: set[tuple[int, int]], book: Any, cuts: list[datetime], now: datetime,
+    s: Session, svc: Any, sid: int, attempts: list[Attempt], all_rows: list[SacctRow],
+    book: Any, cuts: list[datetime], now: datetime,
 ) -> int:
-    if not attempts:
-        return 0
     job = s.get(Job, attempts[0].job_id)
     assert job is not None
+    rows = runs_of_job(all_rows, job.key)
+    settled = {
+        (sid, idx)
+        for idx in s.execute(
+            select(LedgerRun.run_index).where(LedgerRun.job_id == job.id, LedgerRun.slurm_job_id == sid)
+        ).scalars()
+    }
     by_index = {a.slurm_restarts or 0: a for a in attempts}
     furthest = max(by_index)
     done = 0
@@ -239,7 +255,9 @@ def release_reservations(svc: Any, now: datetime) -> int:
             Attempt.job_id == Job.id,
             Attempt.slurm_job_id.is_not(None),
             ~exists().where(
-                LedgerRun.slurm_job_id == Attempt.slurm_job_id, LedgerRun.run_index == Attempt.slurm_restarts
+                LedgerRun.job_id == Attempt.job_id,
+                LedgerRun.slurm_job_id == Attempt.slurm_job_id,
+                LedgerRun.run_index == Attempt.slurm_restarts,
             ),
         )
         q = (

@@ -282,3 +282,48 @@ def setup_lab(svc: Services, *, vision_budget: str | None = "100", climate_budge
         ops["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": vision_budget})
     if climate_budget is not None:
         ops["budget_set"](ROOT, {"group": "climate", "semester": "2026-fall", "amount": climate_budget})
+
+
+class World:
+    """Services on a real database, the fake Slurm and a fake clock, with the daemon's two ticks."""
+
+    def __init__(self, db_url: str, start: datetime = START) -> None:
+        self.db_url = db_url
+        self.clock = FakeClock(start)
+        self.slurm = FakeSlurm(self.clock)
+        self.crash = RaisingCrashPoints()
+        self.svc = make_services(db_url, self.clock, self.slurm, self.crash)
+
+    def restart(self) -> None:
+        """A new daemon process on the same database and cluster (nothing in memory survives)."""
+        self.svc.sessions.kw["bind"].dispose()
+        self.svc = make_services(self.db_url, self.clock, self.slurm, self.crash, migrate=False)
+
+    def ops(self) -> dict[str, Any]:
+        from broker.service.budget_api import handlers
+
+        return handlers(self.svc)
+
+    def submit(self, user: str = "alice", **kw: Any) -> dict[str, Any]:
+        from broker.service.submit import submit
+
+        return submit(self.svc, caller(user), job_spec(**kw))
+
+    def tick(self) -> None:
+        from broker.service.ledger import ledger_tick
+        from broker.service.reconcile import reconcile
+
+        self.slurm.expire()
+        reconcile(self.svc)
+        ledger_tick(self.svc)
+
+    def advance(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.slurm.expire()
+
+    def status(self, group: str = "vision") -> dict[str, Any]:
+        out = self.ops()["budget_list"](ROOT, {})
+        return next(b for b in out["budgets"] if b["group"] == group)
+
+    def lines(self, **kw: Any) -> list[dict[str, Any]]:
+        return self.ops()["ledger"](ROOT, kw)

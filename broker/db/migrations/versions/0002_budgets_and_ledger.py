@@ -131,7 +131,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("slurm_job_id", sa.BigInteger(), nullable=False),
         sa.Column("run_index", sa.Integer(), nullable=False),
-        sa.Column("job_id", sa.Integer(), nullable=True),
+        sa.Column("job_id", sa.Integer(), nullable=False),
         sa.Column("attempt_id", sa.Integer(), nullable=True),
         sa.Column("account", sa.String(length=64), nullable=False),
         sa.Column("user_name", sa.String(length=64), nullable=False),
@@ -147,7 +147,9 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], name=op.f("fk_ledger_runs_attempt_id_attempts")),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_ledger_runs_job_id_jobs")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_ledger_runs")),
-        sa.UniqueConstraint("slurm_job_id", "run_index", name=op.f("uq_ledger_runs_slurm_job_id_run_index")),
+        sa.UniqueConstraint(
+            "slurm_job_id", "run_index", "job_id", name=op.f("uq_ledger_runs_slurm_job_id_run_index_job_id")
+        ),
     )
     op.create_index(op.f("ix_ledger_runs_job_id"), "ledger_runs", ["job_id"])
     op.create_table(

@@ -1,0 +1,185 @@
+"""The ledger on both databases (SQLite and a real PostgreSQL): append-only, keyed once, charged from sacct.
+
+Slurm is the in-memory fake (tests/unit/ledger_fakes.py); the real cluster is
+in tests/integration/test_budgets.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from broker.db.engine import make_engine, session_factory
+from broker.db.ledger_models import Charge, LedgerRun
+from broker.db.migrate import upgrade_to_head
+from broker.db.models import AppendOnlyError
+from broker.errors import SpecError
+from broker.service import ledger
+from ledger_fakes import ROOT, World, setup_lab
+
+T = datetime(2026, 10, 1, 8, 0, tzinfo=UTC)
+
+
+def _charge(**kw: Any) -> Charge:
+    base: dict[str, Any] = dict(
+        line_key="run:1:0:1", slurm_job_id=1, run_index=0, job_id=None, attempt_id=None, account="vision",
+        user_name="alice", kind="other", partition="spot", capacity="spot", node="", tag="useful",
+        period_start=T, period_end=T + timedelta(seconds=60), seconds=60, gpus=1, price_micros=3_600_000,
+        amount_micros=60_000, ondemand_micros=120_000, created_at=T,
+    )
+    base.update(kw)
+    return Charge(**base)
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Any:
+    upgrade_to_head(db_url)
+    engine = make_engine(db_url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def test_ledger_lines_are_append_only_in_the_database(sessions: Any) -> None:
+    with sessions.begin() as s:
+        s.add(_charge())
+    for sql in ("UPDATE charges SET amount_micros = 1", "DELETE FROM charges"):
+        with pytest.raises(DBAPIError, match="append-only"):
+            with sessions.begin() as s:
+                s.execute(text(sql))
+    with pytest.raises(AppendOnlyError):
+        with sessions.begin() as s:
+            c = s.execute(select(Charge)).scalar_one()
+            c.amount_micros = 0
+    with sessions() as s:
+        assert s.execute(select(Charge.amount_micros)).scalar_one() == 60_000
+
+
+def test_a_line_cannot_land_twice(sessions: Any) -> None:
+    with sessions.begin() as s:
+        s.add(_charge())
+    with pytest.raises(IntegrityError):  # same (slurm job, run, period start), another line key
+        with sessions.begin() as s:
+            s.add(_charge(line_key="other"))
+    with pytest.raises(IntegrityError):  # same line key
+        with sessions.begin() as s:
+            s.add(_charge(slurm_job_id=2))
+
+
+def test_reclaimed_job_is_charged_per_run_once_across_restarts(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc)
+    r = w.submit()
+    sid = r["slurm_job_id"]
+    w.tick()
+    assert w.slurm.start(sid)
+    w.tick()
+    w.advance(100)
+    assert w.slurm.reclaim(sid)  # NODE_FAIL, requeued under the same id
+    w.tick()
+    w.restart()
+    w.tick()
+    assert w.slurm.start(sid, node="spot2")
+    w.tick()
+    w.advance(40)
+    assert w.slurm.finish(sid)
+    for _ in range(3):
+        w.tick()
+    w.restart()
+    w.tick()
+    lines = w.lines()
+    assert [(ln["run_index"], ln["seconds"], ln["tag"], ln["amount_micros"]) for ln in lines] == [
+        (0, 100, "lost", 100_000),  # $3.60 per GPU-hour = 1000 micro-units a second
+        (1, 40, "useful", 40_000),
+    ]
+    st = w.status()
+    assert (st["spent_micros"], st["reserved_micros"]) == (140_000, 0)
+    with w.svc.sessions() as s:
+        assert s.execute(select(LedgerRun.run_index).order_by(LedgerRun.run_index)).scalars().all() == [0, 1]
+
+
+def test_price_change_in_the_middle_of_a_running_job_is_charged_in_two_parts(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.start(sid)
+    w.tick()
+    w.advance(30)
+    w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "7.20", "effective": "+30s"})
+    w.advance(90)
+    w.slurm.finish(sid)
+    w.tick()
+    lines = w.lines()
+    assert [(ln["seconds"], ln["price_micros"], ln["amount_micros"]) for ln in lines] == [
+        (60, 3_600_000, 60_000), (60, 7_200_000, 120_000)
+    ]
+    assert lines[1]["period_start"] == "2026-10-01T08:01:00Z"
+
+
+def test_a_price_cannot_take_effect_over_time_already_charged(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.start(sid)
+    w.advance(60)
+    w.slurm.finish(sid)
+    w.tick()
+    with pytest.raises(SpecError, match="already made at the old price"):
+        w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9", "effective": "2026-09-15"})
+    w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9", "effective": "now"})
+
+
+def test_many_ended_jobs_cost_one_sacct_call(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc)
+    ids = [w.submit()["slurm_job_id"] for _ in range(6)]
+    w.tick()
+    for sid in ids:
+        w.slurm.start(sid)
+    w.tick()
+    w.advance(20)
+    for sid in ids:
+        w.slurm.finish(sid)
+    from broker.service.reconcile import reconcile
+
+    reconcile(w.svc)
+    before = w.slurm.calls.get("sacct", 0)
+    assert ledger.charge_ended_runs(w.svc, w.clock.now()) == 6
+    assert w.slurm.calls["sacct"] - before == 1
+    assert ledger.charge_ended_runs(w.svc, w.clock.now()) == 0
+    assert w.slurm.calls["sacct"] - before == 1  # nothing left to ask about
+    assert sum(ln["amount_micros"] for ln in w.lines()) == 6 * 20_000
+
+
+def test_run_without_a_price_waits_and_is_charged_once_a_price_exists(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc, vision_budget=None)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.jobs_by_id[sid].partition = "backfill"  # a partition the price book does not know
+    w.slurm.start(sid)
+    w.advance(10)
+    w.slurm.finish(sid)
+    w.tick()
+    assert w.lines() == []
+    w.ops()["price_set"](ROOT, {"partition": "*", "capacity": "spot", "price": "3.60", "effective": "2026-09-01"})
+    w.tick()
+    assert [ln["amount_micros"] for ln in w.lines()] == [10_000]
+
+
+def test_idle_node_time_is_its_own_line(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc)
+    with w.svc.tx() as s:
+        total = ledger.charge_idle_time(s, w.svc, node="spot3", partition="spot", capacity="spot", start=T,
+                                        end=T + timedelta(seconds=300), gpus=4, now=T)
+        again = ledger.charge_idle_time(s, w.svc, node="spot3", partition="spot", capacity="spot", start=T,
+                                        end=T + timedelta(seconds=300), gpus=4, now=T)
+    assert (total, again) == (1_200_000, 0)
+    rep = w.ops()["report"](ROOT, {"by": "group"})
+    assert [(r["key"], r["spend_micros"]) for r in rep["rows"]] == [("(idle nodes)", 1_200_000)]
