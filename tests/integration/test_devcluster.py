@@ -242,8 +242,9 @@ def _our_processes(state_dir: Path) -> list[int]:
 @pytest.mark.last
 def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     node = pick_node(slurm_cluster, prefer_awake=True)
+    # --no-requeue: the next `up` ends this job (NODE_FAIL) instead of running it again.
     job = sbatch(slurm_cluster, "-p", "spot", "-w", node, "-J", "dc-down", "-o", "/dev/null",
-                 "--wrap", "sleep 600")
+                 "--no-requeue", "--wrap", "sleep 600")
     wait_running(slurm_cluster, job)
     before = _our_processes(slurm_cluster.state_dir)
     names = {Path(f"/proc/{p}/comm").read_text().strip() for p in before}
