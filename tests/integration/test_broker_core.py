@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import subprocess
 import time
 from pathlib import Path
@@ -162,3 +163,56 @@ def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, s
         d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=240)
     for job_id in ids:
         assert d.show(job_id)["attempts"][-1]["state"] == "completed"
+
+
+def test_own_failures_stop_after_the_retry_limit_and_say_why(broker_daemon):
+    d = broker_daemon
+    r = d.cli("submit", "--json", "--group", "vision", "--time", "5m", "--max-retries", "1", "--name", "flaky",
+              "--", "sh", "-c", "echo boom >&2; exit 3")
+    assert r.code == 0, r.err
+    job = d.wait_job(r.json()["id"], lambda j: j["state"] == "failed", timeout=180)
+    assert [a["state"] for a in job["attempts"]] == ["failed", "failed"]
+    assert "failed 2 times" in job["reason"] and "exit 3" in job["reason"], job["reason"]
+    assert job["reclaims"] == 0
+
+
+def test_users_see_and_cancel_only_their_own_jobs(broker_daemon):
+    d = broker_daemon
+    r = d.cli("submit", "--json", "--group", "vision", "--time", "5m", "--", "sleep", "300")
+    assert r.code == 0, r.err
+    job_id = r.json()["id"]
+    bob_dir = user_dir(public_dir("gbroker-bob-"), "bob")
+    # bob cannot see or cancel alice's job; the daemon refuses (identity from the kernel).
+    r = d.cli("show", str(job_id), user="bob", cwd=bob_dir)
+    assert r.code != 0 and f"no job {job_id} of yours" in r.err
+    r = d.cli("cancel", str(job_id), user="bob", cwd=bob_dir)
+    assert r.code != 0
+    assert d.cli("status", "--json", user="bob", cwd=bob_dir).json() == []
+    r = d.cli("status", "--all", user="bob", cwd=bob_dir)
+    assert r.code != 0 and "admin" in r.err
+    assert d.show(job_id)["state"] in ("pending", "running")
+    # alice can.
+    r = d.cli("cancel", str(job_id))
+    assert r.code == 0, r.err
+    job = d.wait_job(job_id, lambda j: j["state"] == "cancelled", timeout=30)
+    assert job["attempts"][-1]["state"] == "cancelled"
+
+
+def test_a_second_daemon_on_the_same_database_refuses(broker_daemon):
+    d = broker_daemon
+    p = subprocess.run(
+        [sys.executable, "-m", "broker", "--socket", d.socket + ".2", "daemon"],
+        env=d.env, capture_output=True, text=True, timeout=60,
+    )
+    assert p.returncode == 8, p.stderr
+    assert "another gbroker daemon" in p.stderr and "--wait" in p.stderr
+    assert d.cli("status").code == 0  # the first one is unharmed
+
+
+def test_daemon_down_is_a_clear_message_and_nothing_is_lost(broker_daemon):
+    d = broker_daemon
+    d.stop()
+    r = d.cli("submit", "--group", "vision", "--time", "5m", "--", "true")
+    assert r.code == 6 and "daemon is not running" in r.err and "Nothing was submitted" in r.err
+    d.start()
+    assert d.cli("history", "--json").json() == []
