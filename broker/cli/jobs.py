@@ -40,9 +40,9 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         if value is None:
             continue
         if key in ("checkpoint_dir", "checkpoint_style"):
-            ck = dict(data.get("checkpoint") or {})
-            ck["dir" if key == "checkpoint_dir" else "style"] = value
-            data["checkpoint"] = ck
+            section = dict(data.get("checkpoint") or {})
+            section["dir" if key == "checkpoint_dir" else "style"] = value
+            data["checkpoint"] = section
         elif key == "script_path":
             data["script"] = os.path.abspath(value)
         elif key == "env":

@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -141,6 +141,17 @@ class Services:
 
 
 PERIODIC = ("broker.service.ledger", "broker.service.nodes")
+
+
+M = TypeVar("M")
+
+
+def must_get(session: Session, model: type[M], ident: int) -> M:
+    """A row we know exists (we wrote it in this process); its absence is a bug."""
+    row = session.get(model, ident)
+    if row is None:
+        raise LookupError(f"{model.__name__} {ident} vanished from the database")
+    return row
 
 
 def build_services(settings: Settings, **kwargs: Any) -> Services:

@@ -10,7 +10,7 @@ from broker.api import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
-from broker.service.context import Services
+from broker.service.context import Services, must_get
 from broker.service.submit import submit
 from broker.service.views import job_detail, job_summary
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
@@ -81,8 +81,7 @@ def list_jobs(
 def show_job(svc: Services, caller: Caller, job_id: int) -> dict[str, Any]:
     _visible(svc, caller, job_id)
     with svc.sessions() as s:
-        job = s.get(Job, job_id)
-        assert job is not None
+        job = must_get(s, Job, job_id)
         return job_detail(s, job, svc.clock.now())
 
 
@@ -107,8 +106,7 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
     out = []
     with svc.tx() as s:
         for j in jobs:
-            job = s.get(Job, j.id)
-            assert job is not None
+            job = must_get(s, Job, j.id)
             if JobState(job.state) not in TERMINAL:
                 for a in s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalars():
                     if a.state not in ATTEMPT_TERMINAL:

@@ -24,7 +24,7 @@ from broker.checkpoint import last_saved_at
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.service.context import Services
+from broker.service.context import Services, must_get
 from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate
 from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
@@ -89,7 +89,7 @@ def reconcile(svc: Services) -> None:
     by_id = {j.job_id: j for j in queue}
     by_name = {j.name: j for j in queue}
     plan = TickPlan()
-    inflight = getattr(svc, "inflight", set())
+    inflight: set[int] = svc.inflight
 
     with svc.tx() as s:
         svc.market = MarketView(  # type: ignore[attr-defined]
@@ -129,13 +129,11 @@ def reconcile(svc: Services) -> None:
 
     with svc.tx() as s:
         for slurm_id, (job0, att0) in need_history.items():
-            job, att = s.get(Job, job0.id), s.get(Attempt, att0.id)
-            assert job is not None and att is not None
+            job, att = must_get(s, Job, job0.id), must_get(s, Attempt, att0.id)
             _settle(s, svc, job, att, by_job.get(slurm_id, []), by_id.get(slurm_id), now, plan)
         names = {r.name: r for r in rows}
         for job0, att0 in unconfirmed:
-            job, att = s.get(Job, job0.id), s.get(Attempt, att0.id)
-            assert job is not None and att is not None
+            job, att = must_get(s, Job, job0.id), must_get(s, Attempt, att0.id)
             row = names.get(slurm_name(job.key, att.number))
             if row is not None:
                 att.slurm_job_id = row.job_id
@@ -399,9 +397,8 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
             return
         except SlurmError as exc:
             with svc.tx() as s:
-                job = s.get(Job, job_id)
-                att = s.get(Attempt, attempt_id)
-                assert job is not None and att is not None
+                job = must_get(s, Job, job_id)
+                att = must_get(s, Attempt, attempt_id)
                 att.state = AttemptState.FAILED
                 att.ended_at = now
                 store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the resubmission: {exc.stderr.strip()}", now=now)

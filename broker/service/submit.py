@@ -20,7 +20,7 @@ from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.service.admission import admit
-from broker.service.context import Services
+from broker.service.context import Services, must_get
 from broker.service.placement import capacity_of_partition, job_view, market_view
 from broker.service.views import job_summary
 from broker.slurm.backend import SubmitRequest
@@ -96,16 +96,14 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
     except SlurmError as exc:
         # The pre-flight passed but sbatch refused anyway: keep the record, say why.
         with svc.tx() as s:
-            job = s.get(Job, job_id)
-            assert job is not None
+            job = must_get(s, Job, job_id)
             store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the job: {exc.stderr.strip()}", now=now)
         raise SpecError(
             f"Slurm refused the job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
     with svc.sessions() as s:
-        job = s.get(Job, job_id)
-        assert job is not None
+        job = must_get(s, Job, job_id)
         result = job_summary(s, job, now)
     if note:
         result["note"] = note
@@ -120,9 +118,8 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
     retried by the reconcile tick) or SlurmError.
     """
     with svc.sessions() as s:
-        job = s.get(Job, job_id)
-        attempt = s.get(Attempt, attempt_id)
-        assert job is not None and attempt is not None
+        job = must_get(s, Job, job_id)
+        attempt = must_get(s, Attempt, attempt_id)
         spec = spec_from_dict(json.loads(job.spec_json))
         request = build_request(svc, job, attempt, spec)
     svc.inflight.add(attempt_id)
@@ -134,9 +131,8 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
     svc.crash.reach("after_sbatch")
     now = svc.clock.now()
     with svc.tx() as s:
-        job = s.get(Job, job_id)
-        attempt = s.get(Attempt, attempt_id)
-        assert job is not None and attempt is not None
+        job = must_get(s, Job, job_id)
+        attempt = must_get(s, Attempt, attempt_id)
         attempt.slurm_job_id = slurm_id
         attempt.submitted_at = now
         attempt.state = AttemptState.PENDING
