@@ -1,6 +1,7 @@
 """Broker benchmarks, measured in one run so the ratios mean something.
 
-1. Submit latency: `gbroker submit` (a whole CLI process talking to a running
+1. CLI start-up: `gbroker status` against `python -c "import click"`.
+   Submit latency: `gbroker submit` (a whole CLI process talking to a running
    daemon, which validates, stores the intent and runs sbatch as the user)
    against plain `sbatch`, and against `python -c "import click"` followed by
    sbatch (the floor for any Python CLI in front of Slurm).
@@ -144,7 +145,10 @@ def bench_submit(runs: int) -> dict[str, float]:
         gb = [sys.executable, "-m", "broker", "--socket", sock, "submit", "--group", "vision", "--time", "5m",
               "--", "sleep", "1"]
         click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
+        status = [sys.executable, "-m", "broker", "--socket", sock, "status"]
         results = {
+            "python -c 'import click'": _median_wall([sys.executable, "-c", "import click"], env, runs, str(work)),
+            "gbroker status": _median_wall(status, env, runs, str(work)),
             "sbatch": _median_wall(sbatch, env, runs, str(work)),
             "python+click+sbatch": _median_wall(click_then_sbatch, env, runs, str(work)),
             "gbroker submit": _median_wall(gb, env, runs, str(work)),
@@ -168,6 +172,10 @@ def main() -> None:
     args = ap.parse_args()
     if not args.ticks_only:
         sub = bench_submit(args.runs)
+        click_only = sub.pop("python -c 'import click'")
+        status = sub.pop("gbroker status")
+        print(f"CLI start-up, median of {args.runs}: python -c 'import click' {click_only * 1000:.1f} ms, "
+              f"gbroker status (one daemon round trip) {status * 1000:.1f} ms, x{status / click_only:.2f}")
         base = sub["sbatch"]
         print(f"submit latency, median of {args.runs} (ratio to plain sbatch):")
         for name, wall in sub.items():
