@@ -12,11 +12,26 @@ The file is TOML (``/etc/gbroker/gbroker.toml`` or ``$GBROKER_CONFIG``)::
     spot = "spot"
     ondemand = "ondemand"
 
+    node_idle_seconds = 600  # node manager (docs/NODES.md)
+    node_provider = "aws"
+
+    [nodes.spot]            # per managed partition; all keys optional
+    idle_seconds = 300
+    warm_min = 1
+    price_per_node_hour = "2.40"
+    capacity = "spot"
+    instance_type = "g5.xlarge"
+
+    [providers.aws]         # keyword arguments of the provider (docs/PROVIDERS.md)
+    region = "eu-west-1"
+    cluster_name = "lab"
+
 This module imports only the standard library: the CLI loads it on every call.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -33,6 +48,36 @@ def default_socket_path() -> str:
         return "/run/gbroker/gbroker.sock"
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/gbroker-{os.geteuid()}"
     return str(Path(runtime) / "gbroker.sock")
+
+
+def default_node_journal() -> str:
+    """Where `gbroker node resume|suspend` records what it did while the daemon was down."""
+    if os.geteuid() == 0:
+        return "/var/lib/gbroker/node-journal.jsonl"
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        state = str(Path.home() / ".local" / "state")
+    return str(Path(state) / "gbroker" / "node-journal.jsonl")
+
+
+NODE_PARTITION_KEYS = ("idle_seconds", "warm_min", "price_per_node_hour", "capacity", "instance_type")
+
+
+@dataclass(frozen=True)
+class NodePartition:
+    """How the node manager treats the nodes of one Slurm partition (``[nodes.<name>]``)."""
+
+    name: str
+    idle_seconds: float | None = None
+    """None: ``node_idle_seconds``."""
+    warm_min: int = 0
+    """Nodes kept powered up even when idle (and powered up to reach it)."""
+    price_per_node_hour: str | None = None
+    """Exact decimal string; None: the price book's GPU-hour price times the node's GPUs."""
+    capacity: str | None = None
+    """'spot' or 'ondemand'; None: from ``[partitions]`` (else on-demand)."""
+    instance_type: str | None = None
+    """None: the provider's default for the partition."""
 
 
 def default_db_url() -> str:
@@ -68,6 +113,21 @@ class Settings:
     """A daemon that stops renewing its lease for this long is presumed dead."""
     max_gpus_per_node: int = 8
     max_nodes: int = 16
+    node_idle_seconds: float = 600.0
+    """A powered-up node idle this long is released (per partition: ``[nodes.<p>] idle_seconds``)."""
+    node_tick_seconds: float = 30.0
+    """How often the node manager looks at the nodes (release, sweep, interruptions)."""
+    node_provider: str = ""
+    """Provider behind ResumeProgram/SuspendProgram ('local', 'aws', 'command'); '' = none:
+    idle nodes are still released through Slurm, but there is no sweep and no hook target."""
+    node_sweep_grace_seconds: float = 900.0
+    """An instance younger than this is never swept (keep it above Slurm's ResumeTimeout)."""
+    node_journal: str = field(default_factory=default_node_journal)
+    """File the node hooks append to when the daemon is down; the daemon ingests it."""
+    node_partitions: tuple[NodePartition, ...] = ()
+    """``[nodes.<partition>]`` tables; empty: the spot and on-demand partitions, defaults only."""
+    node_provider_settings: str = "{}"
+    """JSON of the ``[providers.<name>]`` tables (kept as text so Settings stays hashable)."""
 
     def partition_for(self, capacity: str) -> str:
         return self.spot_partition if capacity == "spot" else self.ondemand_partition
@@ -75,6 +135,30 @@ class Settings:
     @property
     def partitions(self) -> set[str]:
         return {self.spot_partition, self.ondemand_partition}
+
+    def managed_node_partitions(self) -> dict[str, NodePartition]:
+        """Partitions whose nodes the node manager tracks and releases, by name."""
+        if self.node_partitions:
+            return {p.name: p for p in self.node_partitions}
+        return {name: NodePartition(name) for name in sorted(self.partitions)}
+
+    def node_capacity(self, partition: str) -> str:
+        """'spot' or 'ondemand' for a managed partition's nodes."""
+        rule = self.managed_node_partitions().get(partition)
+        if rule is not None and rule.capacity:
+            return rule.capacity
+        return "spot" if partition == self.spot_partition else "ondemand"
+
+    def node_idle_seconds_for(self, partition: str) -> float:
+        rule = self.managed_node_partitions().get(partition)
+        if rule is not None and rule.idle_seconds is not None:
+            return rule.idle_seconds
+        return self.node_idle_seconds
+
+    def provider_settings(self, name: str | None = None) -> dict[str, Any]:
+        """The ``[providers.<name>]`` table (a fresh dict each call)."""
+        table = json.loads(self.node_provider_settings).get(name or self.node_provider, {})
+        return dict(table)
 
 
 _ENV = {
@@ -85,6 +169,11 @@ _ENV = {
     "GBROKER_MAX_SPOT_RECLAIMS": "max_spot_reclaims",
     "GBROKER_ADMIN_GROUP": "admin_group",
     "GBROKER_SLURM_BACKEND": "slurm_backend",
+    "GBROKER_NODE_IDLE_SECONDS": "node_idle_seconds",
+    "GBROKER_NODE_TICK_SECONDS": "node_tick_seconds",
+    "GBROKER_NODE_PROVIDER": "node_provider",
+    "GBROKER_NODE_SWEEP_GRACE_SECONDS": "node_sweep_grace_seconds",
+    "GBROKER_NODE_JOURNAL": "node_journal",
 }
 
 
@@ -108,10 +197,64 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         ) from None
 
 
+def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(
+            f"{source}: [nodes] must hold one table per partition, e.g. [nodes.spot]",
+            hint="write [nodes.<partition>] with keys " + ", ".join(NODE_PARTITION_KEYS),
+        )
+    out = []
+    for name, table in sorted(value.items()):
+        unknown = sorted(set(table) - set(NODE_PARTITION_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key(s) {', '.join(unknown)} in [nodes.{name}]",
+                hint="known keys: " + ", ".join(NODE_PARTITION_KEYS),
+            )
+        try:
+            idle = table.get("idle_seconds")
+            idle = None if idle is None else float(idle)
+            warm = table.get("warm_min", 0)
+            if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+                raise ValueError("warm_min must be a whole number >= 0")
+            if idle is not None and idle < 0:
+                raise ValueError("idle_seconds must be >= 0")
+            price = table.get("price_per_node_hour")
+            if price is not None:
+                from broker.money import parse_money
+
+                parse_money(str(price))  # exact or refused, never a float
+                price = str(price)
+            capacity = table.get("capacity")
+            if capacity is not None and capacity not in ("spot", "ondemand"):
+                raise ValueError(f"capacity must be 'spot' or 'ondemand', not {capacity!r}")
+            itype = table.get("instance_type")
+            out.append(NodePartition(str(name), idle, warm, price, capacity,
+                                     None if itype is None else str(itype)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: [nodes.{name}]: {exc}", hint=f"fix [nodes.{name}] in {source}") from None
+    return tuple(out)
+
+
+def _providers(value: Any, source: str) -> str:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(
+            f"{source}: [providers] must hold one table per provider, e.g. [providers.aws]",
+            hint="see docs/PROVIDERS.md for each provider's settings",
+        )
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    known = {f.name for f in fields(Settings)}
+    known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings"}
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if key == "nodes":
+            out["node_partitions"] = _node_partitions(value, source)
+            continue
+        if key == "providers":
+            out["node_provider_settings"] = _providers(value, source)
+            continue
         if key == "partitions":
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: [partitions] must be a table")
