@@ -223,6 +223,8 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
             if price is not None:
                 from broker.money import parse_money
 
+                if isinstance(price, (float, bool)):
+                    raise ValueError('write price_per_node_hour as a string, e.g. "2.40" (money is exact)')
                 parse_money(str(price))  # exact or refused, never a float
                 price = str(price)
             capacity = table.get("capacity")

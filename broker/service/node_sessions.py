@@ -1,0 +1,276 @@
+"""Node billing in the database: open and close sessions, cut them into busy/idle, report cost.
+
+Every change writes an event (kind ``node_*``, job_id NULL) carrying the exact
+times, so the totals here can be checked against the event log. Times are
+whole seconds (``whole``), so busy + idle of a session equals its length.
+Callers hold a transaction (``svc.tx()``); nothing here talks to Slurm or a cloud.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from broker.db.models import Event
+from broker.db.node_models import (
+    SOURCE_OBSERVED,
+    USAGE_BUSY,
+    USAGE_IDLE,
+    NodeSession,
+    NodeUsage,
+)
+from broker.money import cost_micros, parse_money
+
+log = logging.getLogger(__name__)
+
+NODE_EVENT_PREFIX = "node_"
+
+
+def whole(t: datetime) -> datetime:
+    """Node times are whole seconds: sums of stretches then add up exactly."""
+    return t.replace(microsecond=0)
+
+
+def add_event(s: Session, kind: str, when: datetime, message: str, **data: Any) -> None:
+    """One node event; ``data["at"]`` carries the exact time (ISO) for anyone re-deriving totals."""
+    assert kind.startswith(NODE_EVENT_PREFIX) and len(kind) <= 32, kind
+    data.setdefault("at", when.isoformat())
+    s.add(Event(job_id=None, at=when, kind=kind, message=message,
+                data_json=json.dumps(data, sort_keys=True, default=str)))
+
+
+def event_with_key(s: Session, kind: str, key: str) -> bool:
+    """Whether a node event of ``kind`` recorded ``key`` (journal lines applied once)."""
+    return s.execute(
+        select(Event.id).where(Event.kind == kind, Event.data_json.contains(json.dumps(key)))
+    ).first() is not None
+
+
+def open_sessions(s: Session) -> dict[str, NodeSession]:
+    rows = s.execute(select(NodeSession).where(NodeSession.suspended_at.is_(None))).scalars()
+    return {r.node: r for r in rows}
+
+
+def open_session_of(s: Session, node: str) -> NodeSession | None:
+    return s.execute(
+        select(NodeSession).where(NodeSession.node == node, NodeSession.suspended_at.is_(None))
+    ).scalars().first()
+
+
+def current_usage(s: Session, sess: NodeSession) -> NodeUsage | None:
+    return s.execute(
+        select(NodeUsage).where(NodeUsage.session_id == sess.id, NodeUsage.ended_at.is_(None))
+    ).scalars().first()
+
+
+# ----------------------------------------------------------------------------- prices
+
+
+def node_price(s: Session, settings: Any, partition: str, capacity: str, gpus: int, at: datetime) -> int | None:
+    """Micro-units per node-hour: ``[nodes.<p>] price_per_node_hour``, else the price
+    book's GPU-hour price for (partition, capacity) times the node's GPUs; None if neither."""
+    rule = settings.managed_node_partitions().get(partition)
+    if rule is not None and rule.price_per_node_hour is not None:
+        return parse_money(rule.price_per_node_hour)
+    try:
+        from broker.db.ledger_models import Price
+        from broker.service.pricing import PriceBook, PriceRow
+    except ImportError:  # the budgets module is not installed
+        return None
+    rows = s.execute(select(Price).where(Price.capacity == capacity)).scalars()
+    book = PriceBook.of(PriceRow(r.partition, r.capacity, r.price_micros, r.effective_at) for r in rows)
+    per_gpu = book.price_at(partition, capacity, at)
+    return None if per_gpu is None else per_gpu * max(gpus, 1)
+
+
+# ----------------------------------------------------------------------------- sessions
+
+
+def open_session(
+    s: Session,
+    settings: Any,
+    *,
+    node: str,
+    partition: str,
+    capacity: str,
+    gpus: int,
+    provider: str,
+    source: str,
+    key: str,
+    at: datetime,
+    instance_id: str | None = None,
+) -> tuple[NodeSession, bool]:
+    """(session, created). A node has at most one open session; a key opens at most one ever."""
+    at = whole(at)
+    by_key = s.execute(select(NodeSession).where(NodeSession.open_key == key)).scalars().first()
+    if by_key is not None:
+        return by_key, False
+    existing = open_session_of(s, node)
+    if existing is not None:
+        return existing, False
+    price = node_price(s, settings, partition, capacity, gpus, at)
+    sess = NodeSession(
+        node=node, partition=partition, capacity=capacity, provider=provider, instance_id=instance_id,
+        gpus=gpus, price_micros=price or 0, price_known=int(price is not None), source=source, open_key=key,
+        close_key=None, resumed_at=at, suspended_at=None, end_reason="", busy_s=0, idle_s=0, cost_micros=0,
+        idle_cost_micros=0, users="", interrupted_at=None,
+    )  # fmt: skip
+    s.add(sess)
+    s.flush()
+    s.add(NodeUsage(session_id=sess.id, state=USAGE_IDLE, started_at=at, ended_at=None))
+    add_event(
+        s, "node_resume", at, f"{node} resumed ({source}{', ' + provider if provider else ''})",
+        node=node, partition=partition, capacity=capacity, session=sess.id, source=source, provider=provider,
+        instance_id=instance_id, price_micros=sess.price_micros,
+    )  # fmt: skip
+    return sess, True
+
+
+def backdate(s: Session, sess: NodeSession, at: datetime, source: str) -> None:
+    """An exact resume time (from the journal) replaces the tick's observed one."""
+    at = whole(at)
+    if sess.source != SOURCE_OBSERVED or at >= sess.resumed_at:
+        return
+    first = s.execute(
+        select(NodeUsage).where(NodeUsage.session_id == sess.id).order_by(NodeUsage.started_at, NodeUsage.id)
+    ).scalars().first()
+    if first is not None:
+        first.started_at = at
+    add_event(s, "node_backdated", at, f"{sess.node}: resume time from the journal",
+              node=sess.node, session=sess.id, was=sess.resumed_at.isoformat())
+    sess.resumed_at = at
+    sess.source = source
+
+
+def set_usage(s: Session, sess: NodeSession, state: str, at: datetime) -> bool:
+    """Move the session into a busy or idle stretch at ``at``; False when it already is."""
+    at = whole(at)
+    cur = current_usage(s, sess)
+    if cur is not None and cur.state == state:
+        return False
+    if cur is not None:
+        cur.ended_at = max(at, cur.started_at)
+        at = cur.ended_at
+    s.add(NodeUsage(session_id=sess.id, state=state, started_at=at, ended_at=None))
+    add_event(s, f"node_{state}", at, f"{sess.node} {state}", node=sess.node, partition=sess.partition,
+              session=sess.id)
+    return True
+
+
+def add_users(sess: NodeSession, users: set[str]) -> None:
+    have = {u for u in sess.users.split(",") if u}
+    if users - have:
+        sess.users = ",".join(sorted(have | users))
+
+
+def close_session(s: Session, sess: NodeSession, at: datetime, reason: str, key: str | None = None) -> None:
+    """End the billed stretch at ``at`` and total it up (busy, idle, cost)."""
+    if sess.suspended_at is not None:
+        return
+    at = max(whole(at), sess.resumed_at)
+    cur = current_usage(s, sess)
+    if cur is not None:
+        cur.ended_at = max(at, cur.started_at)
+        at = cur.ended_at
+    s.flush()
+    busy = idle = 0
+    for u in s.execute(select(NodeUsage).where(NodeUsage.session_id == sess.id)).scalars():
+        secs = int((u.ended_at - u.started_at).total_seconds()) if u.ended_at else 0
+        if u.state == USAGE_BUSY:
+            busy += secs
+        else:
+            idle += secs
+    sess.suspended_at = at
+    sess.close_key = key
+    sess.end_reason = reason
+    sess.busy_s, sess.idle_s = busy, idle
+    sess.cost_micros = cost_micros(sess.price_micros, busy + idle)
+    sess.idle_cost_micros = cost_micros(sess.price_micros, idle)
+    add_event(
+        s, "node_suspend", at, f"{sess.node} suspended: {reason}", node=sess.node, partition=sess.partition,
+        session=sess.id, reason=reason, busy_s=busy, idle_s=idle, cost_micros=sess.cost_micros,
+        idle_cost_micros=sess.idle_cost_micros,
+    )  # fmt: skip
+
+
+def session_by_close_key(s: Session, key: str) -> NodeSession | None:
+    return s.execute(select(NodeSession).where(NodeSession.close_key == key)).scalars().first()
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass
+class PartitionNodeCost:
+    """Billed node time of one partition in a window, split into busy and idle."""
+
+    partition: str
+    sessions: int = 0
+    node_s: int = 0
+    busy_s: int = 0
+    idle_s: int = 0
+    cost_micros: int = 0
+    idle_cost_micros: int = 0
+    unpriced_s: int = 0
+    """Seconds of nodes without a price (counted in the hours, not in the cost)."""
+    _by_price: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]), repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition, "sessions": self.sessions, "node_s": self.node_s, "busy_s": self.busy_s,
+            "idle_s": self.idle_s, "cost_micros": self.cost_micros, "idle_cost_micros": self.idle_cost_micros,
+            "busy_cost_micros": self.cost_micros - self.idle_cost_micros, "unpriced_s": self.unpriced_s,
+        }  # fmt: skip
+
+
+def node_cost(s: Session, start: datetime | None, end: datetime) -> list[PartitionNodeCost]:
+    """Per partition: node seconds in [start, end), busy and idle, and their cost.
+
+    Open sessions count up to ``end``. Cost is ``cost_micros(price, seconds)`` per
+    (partition, price) over the summed seconds, rounded once per group. This is the
+    function the ledger calls for its "idle node time" line.
+    """
+    q = select(NodeSession).where(NodeSession.resumed_at < end)
+    if start is not None:
+        q = q.where(or_(NodeSession.suspended_at.is_(None), NodeSession.suspended_at > start))
+    sessions = {x.id: x for x in s.execute(q).scalars()}
+    out: dict[str, PartitionNodeCost] = {}
+    if not sessions:
+        return []
+    usage = s.execute(select(NodeUsage).where(NodeUsage.session_id.in_(list(sessions)))).scalars()
+    counted: set[int] = set()
+    for u in usage:
+        sess = sessions[u.session_id]
+        a = u.started_at if start is None else max(u.started_at, start)
+        b = min(u.ended_at or end, end)
+        secs = int((b - a).total_seconds())
+        if secs <= 0:
+            continue
+        row = out.setdefault(sess.partition, PartitionNodeCost(sess.partition))
+        if sess.id not in counted:
+            counted.add(sess.id)
+            row.sessions += 1
+        row.node_s += secs
+        if u.state == USAGE_BUSY:
+            row.busy_s += secs
+        else:
+            row.idle_s += secs
+        if not sess.price_known:
+            row.unpriced_s += secs
+            continue
+        acc = row._by_price[sess.price_micros]
+        acc[0] += secs
+        if u.state != USAGE_BUSY:
+            acc[1] += secs
+    for row in out.values():
+        for price, (total, idle) in row._by_price.items():
+            row.cost_micros += cost_micros(price, total)
+            row.idle_cost_micros += cost_micros(price, idle)
+    return [out[k] for k in sorted(out)]

@@ -1,0 +1,106 @@
+"""The two Slurm calls the node manager needs beyond the Backend contract.
+
+- What each pending job needs of a node (GPUs per node, node count, features,
+  required nodes): ``Backend.jobs()`` does not carry those, so one extra
+  ``squeue --states=PENDING`` per tick reads them.
+- Marking nodes DOWN or DRAIN with a reason (sweep, spot interruption, failed
+  resume): the Backend has only power up/down.
+
+Both go through the backend's runner, the one door to Slurm (argv list,
+timeout, SlurmError/SlurmUnavailable). A backend without a runner (pyslurm)
+gets the module runner. Candidates for the Backend contract itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from broker.service.node_policy import PendingJob
+from broker.slurm.backend import SlurmJob
+from broker.slurm.hostlist import compress, expand
+from broker.slurm.runner import Runner
+
+FS = "\x1f"
+RS = "\x1e"
+PENDING_FIELDS = ("JobID", "Partition", "Reason", "ReqNodes", "NumNodes", "tres-per-node", "Feature")
+_GPUS = re.compile(r"gpu(?:[:/][A-Za-z0-9_.-]+)*?[:=](\d+)$")
+_NO_VALUE = frozenset({"", "n/a", "(null)", "none", "null"})
+
+
+def _fmt(fields: tuple[str, ...]) -> str:
+    return ",".join([f"{f}:0{FS}" for f in fields[:-1]] + [f"{fields[-1]}:0{RS}"])
+
+
+def gpus_per_node(tres_per_node: str) -> int:
+    """'gres:gpu:2' (22.05), 'gres/gpu:2' (24.11), 'gres:gpu:a100:2' -> 2; nothing -> 0."""
+    for part in tres_per_node.split(","):
+        m = _GPUS.search(part.strip())
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def parse_pending(stdout: str) -> list[PendingJob]:
+    out: list[PendingJob] = []
+    for record in stdout.split(RS):
+        record = record.strip("\n")
+        if not record.strip():
+            continue
+        f = record.split(FS)
+        if len(f) != len(PENDING_FIELDS):
+            continue
+        jid, part, reason, req, num, tres, feat = (x.strip() for x in f)
+        try:
+            job_id = int(jid)
+        except ValueError:
+            continue  # array parents print 123_[1-5]; their tasks show up on their own
+        try:
+            nodes = int(num.split("-")[0]) if num else 1
+        except ValueError:
+            nodes = 1
+        try:
+            required = tuple(expand(req)) if req.lower() not in _NO_VALUE else ()
+        except ValueError:
+            required = ()
+        out.append(
+            PendingJob(
+                job_id=job_id,
+                partitions=tuple(p for p in part.split(",") if p),
+                nodes=max(1, nodes),
+                gpus_per_node=gpus_per_node(tres) if tres.lower() not in _NO_VALUE else 0,
+                constraint="" if feat.lower() in _NO_VALUE else feat,
+                required_nodes=required,
+                reason="" if reason.lower() in _NO_VALUE else reason,
+            )
+        )
+    return out
+
+
+class NodeSlurm:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.runner = getattr(backend, "runner", None) or Runner()
+
+    def _env(self) -> dict[str, str] | None:
+        query_env = getattr(self.backend, "query_env", None)
+        return query_env() if callable(query_env) else None
+
+    def pending_jobs(self, jobs: Iterable[SlurmJob] | None = None) -> list[PendingJob]:
+        """Pending jobs with their needs (one squeue call)."""
+        out = self.runner.run(
+            ["squeue", "--all", "--noheader", "--states=PENDING", f"--Format={_fmt(PENDING_FIELDS)}"],
+            env=self._env(),
+        ).stdout
+        return parse_pending(out)
+
+    def set_state(self, names: list[str], state: str, reason: str) -> None:
+        """``scontrol update NodeName=... State=DOWN|DRAIN Reason=...`` (one call)."""
+        if state not in ("DOWN", "DRAIN"):
+            raise ValueError(f"refusing node state {state!r}")
+        if names:
+            self.runner.run(
+                ["scontrol", "update", f"NodeName={compress(sorted(names))}", f"State={state}", f"Reason={reason}"],
+                env=self._env(),
+            )
