@@ -320,14 +320,20 @@ def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
 
 
 def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: datetime) -> None:
+    # The job's own state follows at once (not at the next reconcile), so nothing
+    # else sees a held job as pending, or a released one as still held.
     if plan.hold:
-        failed = _slurm_each(svc.backend.hold, [sid for _, sid, _ in plan.hold])
-        if failed:
-            with svc.tx() as s:
-                for sid in failed:
-                    row = s.get(BudgetHold, hold_ids[sid])
+        failed = set(_slurm_each(svc.backend.hold, [sid for _, sid, _ in plan.hold]))
+        with svc.tx() as s:
+            for job_id, sid, _ in plan.hold:
+                row = s.get(BudgetHold, hold_ids[sid])
+                job = s.get(Job, job_id)
+                if sid in failed:
                     if row is not None:
                         row.released_at = now  # it was not held (it started, or left the queue)
+                elif job is not None and job.state in HOLDABLE:
+                    store.set_job_state(s, job, JobState.HELD, "held by gbroker: the group is at its budget",
+                                        now=now)
     if plan.release:
         # A refusal means the job is no longer held (or gone): the hold is over either way.
         _slurm_each(svc.backend.release, [sid for _, sid in plan.release])
@@ -338,6 +344,10 @@ def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: dat
                     row.released_at = now
                     store.add_event(s, "budget_release", f"released in Slurm (Slurm job {row.slurm_job_id})",
                                     now=now, job_id=row.job_id)
+                    job = s.get(Job, row.job_id)
+                    if job is not None and job.state == JobState.HELD:
+                        store.set_job_state(s, job, JobState.PENDING, "released: the budget allows it again",
+                                            now=now)
     if plan.cancel:
         _slurm_each(svc.backend.cancel, [sid for _, sid in plan.cancel])
 

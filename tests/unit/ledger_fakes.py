@@ -61,6 +61,7 @@ class FakeJob:
     runs: list[FakeRun] = field(default_factory=list)
     held: bool = False
     done: bool = False
+    requeue: bool = True
 
     @property
     def current(self) -> FakeRun:
@@ -89,7 +90,7 @@ class FakeSlurm(Backend):
         now = self.clock.now()
         job = FakeJob(self.next_id, req.job_name, req.comment, req.user or "root", req.account or "",
                       req.partition, req.nodes * req.gpus_per_node, time_limit_minutes(req.time_limit_s) * 60,
-                      runs=[FakeRun(submit=now, partition=req.partition)], held=req.hold)
+                      runs=[FakeRun(submit=now, partition=req.partition)], held=req.hold, requeue=req.requeue)
         self.jobs_by_id[job.job_id] = job
         return job.job_id
 
@@ -218,7 +219,10 @@ class FakeSlurm(Backend):
             return False
         now = self.clock.now()
         run.end, run.state_raw = now, "NODE_FAIL"
-        j.runs.append(FakeRun(submit=now, partition=j.partition))
+        if j.requeue:
+            j.runs.append(FakeRun(submit=now, partition=j.partition))
+        else:
+            j.done = True  # --no-requeue: the job ends with its node
         return True
 
     def expire(self) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from broker.errors import AdmissionRefused, PermissionDenied, SpecError
-from broker.service import ledger
 from ledger_fakes import ROOT, World, caller, setup_lab
 
 
