@@ -96,6 +96,8 @@ class MarketView:
     """How much history the observed rate and uptime summarise (0 = none)."""
     spot_down_s: int = 0
     """Seconds since spot capacity for this job was last available (0 = available now)."""
+    spot_up_s: int = 0
+    """Seconds since spot capacity for this job became available (0 = not available now)."""
 
 
 @dataclass(frozen=True)

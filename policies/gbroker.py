@@ -80,10 +80,21 @@ class GBrokerPolicy(Policy):
     name = "gbroker"
     description = "model-based: fits the observed spot market, picks the cheapest expected action, exact safety net"
 
-    def __init__(self, step_target_s: int = 360, min_step_s: int = 360, patience_s: int = 12 * 3600) -> None:
+    def __init__(
+        self,
+        step_target_s: int = 360,
+        min_step_s: int = 360,
+        patience_s: int = 12 * 3600,
+        prove_changeovers: float = 2.0,
+    ) -> None:
         self.step_target_s = step_target_s
         self.min_step_s = min_step_s
         self.patience_s = patience_s
+        self.prove_changeovers = prove_changeovers
+
+    def prove_s(self, job: JobView) -> int:
+        """How long a spot window must have lasted before on-demand is left for it."""
+        return int(self.prove_changeovers * job.changeover_s)
 
     # -- the decision -------------------------------------------------------
     def place(self, job: JobView, market: MarketView) -> Placement:
@@ -118,6 +129,11 @@ class GBrokerPolicy(Policy):
         stable = stable_for([net])
         if stable is not None:
             hint = min(hint, stable)
+        if act == SPOT and job.current is Capacity.ONDEMAND and market.spot_up_s < self.prove_s(job):
+            # Many spot windows are shorter than a changeover: leave on-demand
+            # only for a window that has already lasted a while.
+            act = ONDEMAND
+            hint = min(hint, self.prove_s(job) - market.spot_up_s)
         cap = _CAP[act]
         return Placement(cap, f"expected cheapest: {cap.value}", max(1, hint))
 

@@ -87,7 +87,9 @@ class SpotFeed:
 
     def market(self, i: int, spot_micros: int, ondemand_micros: int) -> MarketView:
         st = self.stats(i)
-        down = 0 if self.avail[i] else (i - self.last_avail_change[i]) * self.gap_s
+        age = (i - self.last_avail_change[i]) * self.gap_s
+        down = 0 if self.avail[i] else age
+        up = age if self.avail[i] else 0
         return MarketView(
             spot_available=self.counts[i],
             spot_price_micros=spot_micros,
@@ -97,4 +99,5 @@ class SpotFeed:
             spot_uptime_fraction=st.uptime,
             lookback_s=st.lookback_s,
             spot_down_s=down,
+            spot_up_s=up,
         )

@@ -148,3 +148,13 @@ def test_stable_for_bounds() -> None:
     # value -5 rising at 1/s when running: flips at 5 s
     assert stable_for([(-5, 0, 1)]) == 5
     assert stable_for([(5, 0, 1)]) is None
+
+
+def test_gbroker_leaves_ondemand_only_for_a_window_that_lasted() -> None:
+    p = from_name("gbroker")
+    kw = dict(spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2, lookback_s=7 * 24 * H)
+    on_od = job(deadline_s=96 * H, current=Capacity.ONDEMAND)
+    fresh = p.place(on_od, MarketView(spot_available=1, spot_up_s=60, **kw))  # type: ignore[arg-type]
+    assert fresh.capacity is Capacity.ONDEMAND and fresh.recheck_s is not None and fresh.recheck_s <= 2 * 720 - 60
+    proven = p.place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw))  # type: ignore[arg-type]
+    assert proven.capacity is Capacity.SPOT
