@@ -1,7 +1,9 @@
 """`simple`: the rule of thumb the broker starts from.
 
 Non-interruptible or multi-node jobs go to on-demand, everything else to spot.
-After ``max_spot_reclaims`` reclaims a job moves to on-demand for good.
+After ``max_spot_reclaims`` reclaims a job moves to on-demand for good. Like
+every policy that promises a deadline, it moves a job to on-demand when the
+shared safety net says one more step off on-demand could miss the deadline.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from policies.base import (
     Policy,
     register,
 )
+from policies.rules import needs_ondemand
 
 
 @register
@@ -36,6 +39,8 @@ class SimplePolicy(Policy):
             return Placement(Capacity.ONDEMAND, "multi-node gang")
         if job.reclaims >= self.max_spot_reclaims:
             return Placement(Capacity.ONDEMAND, f"reclaimed {job.reclaims} times")
+        if needs_ondemand(job, market):
+            return Placement(Capacity.ONDEMAND, "safety net: the deadline leaves no slack")
         return Placement(Capacity.SPOT, "interruptible single-node job")
 
     def on_preempt(
@@ -43,4 +48,6 @@ class SimplePolicy(Policy):
     ) -> Decision:
         if job.reclaims >= self.max_spot_reclaims:
             return Decision(Action.MOVE_ONDEMAND, f"reclaimed {job.reclaims} times")
+        if needs_ondemand(job, market):
+            return Decision(Action.MOVE_ONDEMAND, "safety net: the deadline leaves no slack")
         return Decision(Action.RESUME_SPOT, "reclaims below the limit")
