@@ -54,9 +54,13 @@ BLOCKED_REASON_PREFIXES: tuple[str, ...] = (
     "BadConstraints",
     "FrontEndDown",
     "Licenses",
-    "ReqNodeNotAvail",  # a node it requires is down or drained: holding others would leak them
 )
-"""Pending reasons that mean "cannot start now, whatever the nodes do"."""
+"""Pending reasons that mean "cannot start now, whatever the nodes do".
+
+``ReqNodeNotAvail`` is judged by its node list instead: cloud nodes that are
+powering up or down show up there too, and those will be available; a job
+waiting for a DOWN or drained node holds nothing (it would leak the others)."""
+REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class PendingJob:
     """Slurm --constraint text: 'spot', 'a&b', 'a|b'; '' for none."""
     required_nodes: tuple[str, ...] = ()
     reason: str = ""
+    unavailable: tuple[str, ...] = ()
+    """Nodes named by ``ReqNodeNotAvail, UnavailableNodes:...``."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +115,14 @@ class ReleasePlan:
     """Why each released or woken node was chosen."""
 
 
-def job_can_start(job: PendingJob) -> bool:
+def job_can_start(job: PendingJob, nodes: Mapping[str, NodeView] | None = None) -> bool:
     """False for pending reasons that no idle node can help with."""
     reason = job.reason.strip()
+    if reason.startswith(REQ_NODE_NOT_AVAIL):
+        if not job.unavailable:
+            return False  # reserved, or a reason we cannot tie to nodes
+        known = nodes or {}
+        return all(n in known and known[n].usable for n in job.unavailable)
     return not any(reason.startswith(p) for p in BLOCKED_REASON_PREFIXES)
 
 
@@ -173,8 +184,9 @@ def plan_release(
 
     # Pending jobs that could start hold fitting candidates (one per node they need).
     free = {n.name: n for n in candidates}
+    by_name = {n.name: n for n in managed}
     for job in sorted(pending, key=lambda j: j.job_id):
-        if not job_can_start(job):
+        if not job_can_start(job, by_name):
             continue
         want = max(1, job.nodes)
         for name in sorted(free, key=lambda nm: (free[nm].idle_since, nm)):

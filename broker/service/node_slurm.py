@@ -42,6 +42,17 @@ def gpus_per_node(tres_per_node: str) -> int:
     return 0
 
 
+def unavailable_nodes(reason: str) -> tuple[str, ...]:
+    """'ReqNodeNotAvail, UnavailableNodes:spot[3-4]' -> ('spot3', 'spot4')."""
+    m = re.search(r"UnavailableNodes:(\S+)", reason)
+    if not m:
+        return ()
+    try:
+        return tuple(expand(m.group(1).rstrip(",")))
+    except ValueError:
+        return ()
+
+
 def parse_pending(stdout: str) -> list[PendingJob]:
     out: list[PendingJob] = []
     for record in stdout.split(RS):
@@ -64,6 +75,7 @@ def parse_pending(stdout: str) -> list[PendingJob]:
             required = tuple(expand(req)) if req.lower() not in _NO_VALUE else ()
         except ValueError:
             required = ()
+        reason = "" if reason.lower() in _NO_VALUE else reason
         out.append(
             PendingJob(
                 job_id=job_id,
@@ -72,7 +84,8 @@ def parse_pending(stdout: str) -> list[PendingJob]:
                 gpus_per_node=gpus_per_node(tres) if tres.lower() not in _NO_VALUE else 0,
                 constraint="" if feat.lower() in _NO_VALUE else feat,
                 required_nodes=required,
-                reason="" if reason.lower() in _NO_VALUE else reason,
+                reason=reason,
+                unavailable=unavailable_nodes(reason),
             )
         )
     return out

@@ -31,7 +31,7 @@ from typing import Any
 from broker.db.node_models import SOURCE_HOOK, SOURCE_JOURNAL, SOURCE_OBSERVED, USAGE_BUSY, USAGE_IDLE
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.providers import hooks
-from broker.providers.base import Provider, ProviderError, ResumeIncomplete, sweep_plan
+from broker.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
 from broker.service import node_sessions as ns
 from broker.service.node_policy import NodeView, PartitionRule, PendingJob, Power, plan_release
 from broker.service.node_slurm import NodeSlurm
@@ -172,16 +172,23 @@ class NodeManager:
                 report.error = str(exc)
                 self.last = report
                 return report
-            idle_since = self.observe(snap)
+            instances: list[Instance] | None = None
+            if self.settings.node_provider:
+                try:
+                    instances = self.provider.instances() if self.provider else None
+                except ProviderError as exc:
+                    log.warning("nodes: provider %s: %s", self.settings.node_provider, exc)
+                    report.error = str(exc)
+            idle_since = self.observe(snap, instances)
             views = [self.view(info, snap, idle_since) for info in snap.nodes.values() if self.managed(info)]
             plan = plan_release(views, snap.pending, self.rules(), snap.at)
             report.kept = plan.kept
             self.release(plan.release, plan.reasons, snap.at, report)
             self.power_up(plan.power_up, plan.reasons, snap.at, report)
-            if self.settings.node_provider:
+            if instances is not None:
                 try:
                     self.handle_interruptions(snap, report)
-                    self.sweep(snap, report)
+                    self.sweep(snap, instances, report)
                 except ProviderError as exc:
                     log.warning("nodes: provider %s: %s", self.settings.node_provider, exc)
                     report.error = str(exc)
@@ -208,10 +215,17 @@ class NodeManager:
             idle_since=None if busy else idle_since.get(info.name),
         )
 
-    def observe(self, snap: Snapshot) -> dict[str, datetime]:
-        """Bring sessions in line with what Slurm shows; return idle-since per node."""
+    def observe(self, snap: Snapshot, instances: list[Instance] | None = None) -> dict[str, datetime]:
+        """Bring sessions in line with what Slurm shows; return idle-since per node.
+
+        A session the provider answers for ends when its instance is gone, not
+        when Slurm lets go of the node: an instance still alive under a
+        powered-down node keeps billing until the sweep (or the suspend hook)
+        terminates it. ``instances`` None: the provider is unknown or did not
+        answer, and Slurm's word is all there is."""
         idle_since: dict[str, datetime] = {}
         at = ns.whole(snap.at)
+        alive = None if instances is None else {i.node_name for i in instances if i.alive}
         with self.svc.tx() as s:
             open_ = ns.open_sessions(s)
             for info in snap.nodes.values():
@@ -219,8 +233,12 @@ class NodeManager:
                     continue
                 sess = open_.get(info.name)
                 if not holds_instance(info):
-                    if sess is not None:
-                        ns.close_session(s, sess, at, f"Slurm shows {info.state_raw}")
+                    if sess is None:
+                        continue
+                    ours = bool(sess.provider) and sess.provider == self.settings.node_provider
+                    if ours and alive is not None and info.name in alive:
+                        continue
+                    ns.close_session(s, sess, at, f"Slurm shows {info.state_raw}")
                     continue
                 if sess is None:
                     part = hooks.home_partition(self.settings, info.partitions)
@@ -302,12 +320,15 @@ class NodeManager:
             except SlurmError as exc:
                 log.warning("nodes: handling the interruption of %s failed: %s", name, exc)
 
-    def sweep(self, snap: Snapshot, report: TickReport) -> None:
-        """Terminate our instances Slurm does not hold up; mark down nodes it holds up without one."""
+    def sweep(self, snap: Snapshot, instances: list[Instance], report: TickReport) -> None:
+        """Terminate our instances Slurm does not hold up; mark down nodes it holds up without one.
+
+        "Held up" here is everything but powered down: a node powering down is
+        being suspended by its hook right now, and one that already has a power
+        down pending still runs its last job."""
         assert self.provider is not None
         at = snap.at
-        instances = self.provider.instances()
-        held = [n for n, info in snap.nodes.items() if holds_instance(info)]
+        held = [n for n, info in snap.nodes.items() if FLAG_POWERED_DOWN not in info.flags]
         plan = sweep_plan(instances, held, at, int(self.settings.node_sweep_grace_seconds))
         if plan.terminate:
             ids = [i.instance_id for i in plan.terminate]
@@ -322,6 +343,13 @@ class NodeManager:
             self.provider.terminate(ids)
             report.terminated += ids
             log.warning("nodes: swept orphan instance(s) %s", ", ".join(ids))
+            gone = set(ids)
+            still = {i.node_name for i in instances if i.alive and i.instance_id not in gone}
+            with self.svc.tx() as s:
+                for name in sorted({i.node_name for i in plan.terminate if i.node_name} - still):
+                    sess = ns.open_session_of(s, name)
+                    if sess is not None and sess.provider == self.settings.node_provider:
+                        ns.close_session(s, sess, at, "instance terminated by the orphan sweep")
         self._mark_down(plan.mark_down, snap, report)
 
     def _mark_down(self, candidates: list[str], snap: Snapshot, report: TickReport) -> None:

@@ -470,13 +470,17 @@ def test_pending_job_needs_are_read_from_squeue() -> None:
     fs, rs = "\x1f", "\x1e"
     out = (fs.join(["29", "spot,ondemand", "JobHeldUser", "spot3", "1", "gres:gpu:2", "spot"]) + rs + "\n"
            + fs.join(["30", "spot", "Resources", "", "2", "gres/gpu:1", "(null)"]) + rs + "\n"
-           + fs.join(["31_[1-3]", "spot", "None", "", "1", "N/A", ""]) + rs + "\n")
+           + fs.join(["31_[1-3]", "spot", "None", "", "1", "N/A", ""]) + rs + "\n"
+           + fs.join(["32", "spot", "ReqNodeNotAvail, UnavailableNodes:spot[3-4]", "spot[3-4]", "2", "N/A", ""])
+           + rs + "\n")
     jobs = parse_pending(out)
     assert [(j.job_id, j.partitions, j.required_nodes, j.nodes, j.gpus_per_node, j.constraint, j.reason)
             for j in jobs] == [
         (29, ("spot", "ondemand"), ("spot3",), 1, 2, "spot", "JobHeldUser"),
         (30, ("spot",), (), 2, 1, "", "Resources"),
+        (32, ("spot",), ("spot3", "spot4"), 2, 0, "", "ReqNodeNotAvail, UnavailableNodes:spot[3-4]"),
     ]
+    assert jobs[2].unavailable == ("spot3", "spot4")
     assert gpus_per_node("gres:gpu:a100:3") == 3 and gpus_per_node("") == 0
 
 

@@ -78,6 +78,16 @@ CASES = [
      [job(7, reason="AssocGrpGRES")], RULES, ["s1"], {}),
     ("a job waiting for a dependency keeps nothing", [idle("s1", 999)], [job(7, reason="Dependency")], RULES,
      ["s1"], {}),
+    ("a job waiting for a node that is booting keeps the idle one",
+     [idle("s1", 999), NodeView("s2", ("spot",), Power.BOOTING, False)],
+     [job(7, nodes=2, required_nodes=("s1", "s2"), reason="ReqNodeNotAvail, UnavailableNodes:s2",
+          unavailable=("s2",))], RULES, [], {"s1": "pending job 7"}),
+    ("a job waiting for a down node keeps nothing",
+     [idle("s1", 999), NodeView("s2", ("spot",), Power.ON, False, usable=False)],
+     [job(7, nodes=2, required_nodes=("s1", "s2"), reason="ReqNodeNotAvail, UnavailableNodes:s2",
+          unavailable=("s2",))], RULES, ["s1"], {}),
+    ("a job waiting for a node we know nothing of keeps nothing", [idle("s1", 999)],
+     [job(7, reason="ReqNodeNotAvail, UnavailableNodes:x9", unavailable=("x9",))], RULES, ["s1"], {}),
     ("one one-node job holds one node, the others go",
      [idle("s1", 300), idle("s2", 200), idle("s3", 100)], [job(7, reason="Resources")], RULES, ["s2", "s3"],
      {"s1": "pending job 7"}),
@@ -139,6 +149,6 @@ def test_constraints(constraint: str, features: tuple[str, ...], ok: bool) -> No
 
 @pytest.mark.parametrize("reason,ok", [("", True), ("None", True), ("Resources", True), ("Priority", True),
                                        ("JobHeldAdmin", False), ("DependencyNeverSatisfied", False),
-                                       ("QOSMaxGRESPerUser", False), ("ReqNodeNotAvail, UnavailableNodes:s3", False)])
+                                       ("QOSMaxGRESPerUser", False), ("ReqNodeNotAvail, Reserved for maintenance", False)])
 def test_which_pending_jobs_count(reason: str, ok: bool) -> None:
     assert job_can_start(PendingJob(1, ("spot",), reason=reason)) is ok
