@@ -452,10 +452,11 @@ def _latest_attempts(s: Session, account: str, states: tuple[JobState, ...]) -> 
 
 
 def _pending_in_slurm(s: Session, account: str) -> list[tuple[Job, int]]:
+    """Jobs waiting in the queue; not those whose nodes are booting (allocated: too late to hold)."""
     return [
         (job, att.slurm_job_id)
         for job, att in _latest_attempts(s, account, HOLDABLE)
-        if att.slurm_job_id is not None and att.state == AttemptState.PENDING
+        if att.slurm_job_id is not None and att.state == AttemptState.PENDING and not att.nodes
     ]
 
 
