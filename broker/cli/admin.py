@@ -21,9 +21,9 @@ pass_ctx = click.make_pass_decorator(Context)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-def _count(value: str | None, flag: str) -> int | None:
+def _count(value: str, flag: str) -> int | None:
     """'8' -> 8, 'none' -> None (no limit)."""
-    if value is None or value.lower() in ("none", "unlimited", "-"):
+    if value.lower() in ("none", "unlimited", "-"):
         return None
     if not value.isdigit():
         raise SpecError(f"{flag}: expected a number of GPUs or 'none', got {value!r}")
@@ -131,8 +131,14 @@ def quota() -> None:
 @pass_ctx
 def quota_set(ctx: Context, group_name: str, gpus: str | None, ondemand_gpus: str | None, as_json: bool) -> None:
     """Set a group's quota, e.g. `gbroker quota set vision --gpus 16 --ondemand-gpus 4` ('none' = no limit)."""
-    g = ctx.call("quota_set", group=group_name, max_gpus=_count(gpus, "--gpus"),
-                 max_ondemand_gpus=_count(ondemand_gpus, "--ondemand-gpus"))
+    args: dict[str, Any] = {}
+    if gpus is not None:
+        args["max_gpus"] = _count(gpus, "--gpus")
+    if ondemand_gpus is not None:
+        args["max_ondemand_gpus"] = _count(ondemand_gpus, "--ondemand-gpus")
+    if not args:
+        raise SpecError("give --gpus and/or --ondemand-gpus", hint="e.g. gbroker quota set vision --gpus 16")
+    g = ctx.call("quota_set", group=group_name, **args)
     _print_groups([g], as_json)
 
 

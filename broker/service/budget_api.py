@@ -223,20 +223,27 @@ def group_list(s: Session, svc: Any, caller: Caller, now: datetime) -> list[dict
 
 
 # -- quotas ----------------------------------------------------------------------------
+_KEEP: Any = object()
+
+
 def quota_set(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, group: str, max_gpus: int | None = None,
-    max_ondemand_gpus: int | None = None,
+    s: Session, svc: Any, caller: Caller, now: datetime, *, group: str, max_gpus: Any = _KEEP,
+    max_ondemand_gpus: Any = _KEEP,
 ) -> dict[str, Any]:
+    """Set the limits given; a limit not given stays as it was; None removes it."""
     g = B.group_named(s, group)
-    total = _opt_int(max_gpus, "--gpus")
-    ondemand = _opt_int(max_ondemand_gpus, "--ondemand-gpus")
     quota = s.get(Quota, g.id)
     if quota is None:
-        quota = Quota(group_id=g.id, updated_at=now)
+        quota = Quota(group_id=g.id, max_gpus=None, max_ondemand_gpus=None, updated_at=now)
         s.add(quota)
-    quota.max_gpus, quota.max_ondemand_gpus, quota.updated_at = total, ondemand, now
+    if max_gpus is not _KEEP:
+        quota.max_gpus = _opt_int(max_gpus, "--gpus")
+    if max_ondemand_gpus is not _KEEP:
+        quota.max_ondemand_gpus = _opt_int(max_ondemand_gpus, "--ondemand-gpus")
+    quota.updated_at = now
     s.flush()
-    store.add_event(s, "quota", f"group {group} quota: {total} GPUs, {ondemand} on-demand (by {caller.name})", now=now)
+    store.add_event(s, "quota", f"group {group} quota: {quota.max_gpus} GPUs, {quota.max_ondemand_gpus} "
+                    f"on-demand (by {caller.name})", now=now)
     return _group_dict(s, g)
 
 

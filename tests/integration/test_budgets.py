@@ -70,7 +70,7 @@ def sacct_runs(cluster: Any, slurm_ids: list[int]) -> list[dict[str, str]]:
     out = cluster.run(["sacct", "-X", "--duplicates", "-n", "-P", "-a", "-j", ",".join(map(str, slurm_ids)),
                        "--format=JobID,State,Partition,ElapsedRaw,AllocTRES,Start,End"]).stdout
     names = ["JobID", "State", "Partition", "ElapsedRaw", "AllocTRES", "Start", "End"]
-    return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line.strip()]
+    return [dict(zip(names, line.split("|"), strict=True)) for line in out.splitlines() if line.strip()]
 
 
 def sacct_cost(rows: list[dict[str, str]]) -> int:
@@ -102,7 +102,7 @@ def all_ended_runs_charged(d: BrokerDaemon, cluster: Any, slurm_ids: list[int]) 
     rows = sacct_runs(cluster, slurm_ids)
     if any(r["End"] in ("Unknown", "") for r in rows):
         return False
-    want = {}
+    want: dict[int, list[int]] = {}
     for r in rows:
         want.setdefault(int(r["JobID"]), []).append(int(r["ElapsedRaw"] or 0))
     expected = {(sid, i) for sid, el in want.items() for i, e in enumerate(el) if e > 0}

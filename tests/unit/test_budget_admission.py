@@ -107,7 +107,7 @@ def test_quota_counts_queued_and_running_gpus(world: World) -> None:
     world.submit(gpus=4)
     with pytest.raises(AdmissionRefused, match="quota is 6 GPUs at once; 4 are queued or running and this job needs 4"):
         world.submit(gpus=4)
-    world.ops()["quota_set"](ROOT, {"group": "vision", "max_gpus": 16, "max_ondemand_gpus": 2})
+    world.ops()["quota_set"](ROOT, {"group": "vision", "max_gpus": 16})  # the on-demand limit stays
     world.submit(gpus=1, interruptible=False)
     with pytest.raises(AdmissionRefused, match="quota is 2 on-demand GPUs"):
         world.submit(gpus=2, interruptible=False)

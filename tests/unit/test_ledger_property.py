@@ -194,13 +194,14 @@ class Harness:
             known = set(s.execute(select(Job.key)).scalars())
         truth = {}
         for sid, idx, run, job in self.w.slurm.ended_runs():
+            assert run.end is not None
             elapsed = int((run.end - run.start).total_seconds()) if run.start else 0
             truth[(sid, idx)] = (run, job, elapsed)
         for r in runs:
             assert (r.slurm_job_id, r.run_index) in truth, f"charged a run that never ended: {r.slurm_job_id}"
             run, job, elapsed = truth[(r.slurm_job_id, r.run_index)]
             assert r.elapsed_s == elapsed
-            cost = self.expected(run.partition, run.start, elapsed, job.gpus) if elapsed else 0
+            cost = self.expected(run.partition, run.start, elapsed, job.gpus) if run.start and elapsed else 0
             assert r.total_micros == cost, (r.slurm_job_id, r.run_index, r.total_micros, cost)
         if complete:
             charged = {(r.slurm_job_id, r.run_index) for r in runs}
