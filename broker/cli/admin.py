@@ -270,13 +270,15 @@ def budget_set(
 
 @budget.command("show")
 @click.option("--semester", "semester_name", help="Semester [default: the one in force].")
+@click.option("--window", "window_days", type=float, default=7.0, show_default=True, metavar="DAYS",
+              help="Burn rate over this many recent days.")
 @json_option
 @pass_ctx
-def budget_show(ctx: Context, semester_name: str | None, as_json: bool) -> None:
+def budget_show(ctx: Context, semester_name: str | None, window_days: float, as_json: bool) -> None:
     """Where each group stands: spent, reserved, left, burn rate and forecast (yours; admins: all)."""
     from broker.report.render import budget_table
 
-    data = ctx.call("budget_list", semester=semester_name)
+    data = ctx.call("budget_list", semester=semester_name, window_days=window_days)
     if as_json:
         print_json(data)
     else:

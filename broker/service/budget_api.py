@@ -418,8 +418,9 @@ def budget_set(
     return out
 
 
-def budget_list(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None) -> dict[str, Any]:
-    return reporting.budget_rows(s, caller, svc.settings, semester, now)
+def budget_list(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None,
+                window_days: float = 7.0) -> dict[str, Any]:
+    return reporting.budget_rows(s, caller, svc.settings, semester, now, window_days)
 
 
 def report(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None,

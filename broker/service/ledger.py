@@ -56,6 +56,8 @@ MAX_SLURM_IDS_PER_TICK = 500
 GIVE_UP_AFTER = timedelta(hours=1)
 """A finished job whose accounting row for an attempt never appears is closed (at zero) after this."""
 NO_ACCOUNTING = "NO_ACCOUNTING"
+ELAPSED_TOLERANCE_S = 2
+"""Beyond this, the charge's event notes that sacct and the daemon's own view of a run differ."""
 LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED)
 HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
 
@@ -213,13 +215,24 @@ def _charge_run(
     ))
     s.flush()
     parts = f" in {len(lines)} parts" if len(lines) > 1 else ""
+    seen = _seen_s(att)
+    differs = seen is not None and abs(seen - elapsed) > ELAPSED_TOLERANCE_S
+    note = f"; sacct's {elapsed}s used, the daemon saw {seen}s" if differs else ""
     store.add_event(
         s, "charged",
         f"run {row.restarts} of Slurm job {row.job_id} ({row.state_raw}, {elapsed}s x {gpus} GPU on "
-        f"{partition}): {format_money(total)}{parts}",
+        f"{partition}): {format_money(total)}{parts}{note}",
         now=now, job_id=job.id,
-        data={"slurm_job_id": row.job_id, "run_index": row.restarts, "total_micros": total, "lines": len(lines)},
+        data={"slurm_job_id": row.job_id, "run_index": row.restarts, "total_micros": total, "lines": len(lines),
+              "sacct_elapsed_s": elapsed, "daemon_seen_s": seen},
     )
+
+
+def _seen_s(att: Attempt | None) -> int | None:
+    """The run time the daemon itself observed (squeue start to the tick that saw the end)."""
+    if att is None or att.started_at is None or att.ended_at is None:
+        return None
+    return int((att.ended_at - att.started_at).total_seconds())
 
 
 def _close_missing(

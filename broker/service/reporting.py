@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 
 from broker.api import Caller
 from broker.config import Settings
-from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Budget, Charge, LabGroup, Semester
+from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semester
 from broker.errors import SpecError
 from broker.money import format_money
 from broker.service import budgets as B
-from broker.service.forecast import forecast
+from broker.service.forecast import DEFAULT_WINDOW, forecast
 
 BY_CHOICES = ("group", "user", "kind", "partition")
 IDLE_ROW = "(idle nodes)"
@@ -122,7 +122,8 @@ def report(
 
 
 def budgets_overview(
-    s: Session, caller: Caller, settings: Settings, semester: Semester, now: datetime
+    s: Session, caller: Caller, settings: Settings, semester: Semester, now: datetime,
+    window: timedelta = DEFAULT_WINDOW,
 ) -> list[dict[str, Any]]:
     book = B.price_book(s)
     out = []
@@ -136,7 +137,7 @@ def budgets_overview(
         item["hold_pending"] = budget.hold_pending
         item["cancel_running"] = budget.cancel_running
         item["forecast"] = forecast(
-            s, group.slurm_account, semester, status.amount_micros, status.spent_micros, book, now
+            s, group.slurm_account, semester, status.amount_micros, status.spent_micros, book, now, window
         ).as_dict()
         out.append(item)
     return out
@@ -218,9 +219,15 @@ def charge_lines(
     ]
 
 
-def budget_rows(s: Session, caller: Caller, settings: Settings, semester_name: str | None, now: datetime) -> dict[str, Any]:
+def budget_rows(
+    s: Session, caller: Caller, settings: Settings, semester_name: str | None, now: datetime,
+    window_days: float = 7.0,
+) -> dict[str, Any]:
+    if not isinstance(window_days, (int, float)) or isinstance(window_days, bool) or not 0 < window_days <= 366:
+        raise SpecError(f"--window {window_days!r}: give a number of days between 0 and 366")
     semester = _semester(s, semester_name, now)
-    return {"semester": semester.name, "budgets": budgets_overview(s, caller, settings, semester, now)}
+    window = timedelta(seconds=round(window_days * 86_400))
+    return {"semester": semester.name, "budgets": budgets_overview(s, caller, settings, semester, now, window)}
 
 
-__all__ = ["BY_CHOICES", "Budget", "budget_rows", "burndown", "charge_lines", "report"]
+__all__ = ["BY_CHOICES", "budget_rows", "burndown", "charge_lines", "report"]

@@ -401,3 +401,38 @@ def test_cli_has_no_orm_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2], env=dict(os.environ)).stdout.strip()
     assert out == "False"
+
+
+def test_forecast_window_can_be_chosen(world: World) -> None:
+    sid = world.submit(gpus=1, time="1h")["slurm_job_id"]
+    world.tick()
+    world.slurm.start(sid)
+    world.advance(3600)
+    world.slurm.finish(sid)
+    world.tick()
+    week = world.ops()["budget_list"](ROOT, {})["budgets"][1]["forecast"]
+    day = world.ops()["budget_list"](ROOT, {"window_days": 1})["budgets"][1]["forecast"]
+    assert week["burn_micros_per_day"] == round(3_600_000 / 7)
+    assert day["burn_micros_per_day"] == 3_600_000
+    with pytest.raises(SpecError, match="--window"):
+        world.ops()["budget_list"](ROOT, {"window_days": 0})
+
+
+def test_a_charge_notes_when_sacct_and_the_daemon_disagree(world: World) -> None:
+    sid = world.submit()["slurm_job_id"]
+    world.tick()
+    world.slurm.start(sid)
+    world.tick()
+    world.advance(60)
+    world.slurm.finish(sid)
+    run = world.slurm.jobs_by_id[sid].current
+    run.start -= timedelta(seconds=20)  # accounting says it started 20 s before the queue showed it
+    world.tick()
+    with world.svc.sessions() as s:
+        from sqlalchemy import select
+
+        from broker.db.models import Event
+
+        msg = s.execute(select(Event.message).where(Event.kind == "charged")).scalar_one()
+    assert "sacct's 80s used, the daemon saw 60s" in msg
+    assert [ln["seconds"] for ln in world.lines()] == [80]
