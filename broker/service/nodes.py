@@ -183,6 +183,9 @@ class NodeManager:
             views = [self.view(info, snap, idle_since) for info in snap.nodes.values() if self.managed(info)]
             plan = plan_release(views, snap.pending, self.rules(), snap.at)
             report.kept = plan.kept
+            if plan.kept != self.last.kept:
+                log.debug("nodes: kept %s; pending %s", plan.kept,
+                          [(j.job_id, j.reason, j.required_nodes) for j in snap.pending])
             self.release(plan.release, plan.reasons, snap.at, report)
             self.power_up(plan.power_up, plan.reasons, snap.at, report)
             if instances is not None:
