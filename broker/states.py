@@ -73,11 +73,13 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
 
 _J = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
-    _J.ADMITTED: frozenset({_J.PENDING, _J.RUNNING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED, _J.DEADLINE_MISSED}),
+    _J.ADMITTED: frozenset(
+        {_J.PENDING, _J.RUNNING, _J.RECOVERING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED, _J.DEADLINE_MISSED}
+    ),
     _J.PENDING: frozenset({_J.RUNNING, _J.HELD, _J.CANCELLED, _J.UNKNOWN, _J.RECOVERING} | TERMINAL),
     _J.RUNNING: frozenset({_J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
     _J.RECOVERING: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN, _J.HELD} | TERMINAL),
-    _J.HELD: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN} | TERMINAL),
+    _J.HELD: frozenset({_J.PENDING, _J.RUNNING, _J.RECOVERING, _J.UNKNOWN} | TERMINAL),
     _J.UNKNOWN: frozenset(ACTIVE | TERMINAL),
 }
 for _t in TERMINAL:

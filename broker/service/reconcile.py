@@ -118,7 +118,8 @@ def reconcile(svc: Services) -> None:
         if need_history:
             rows = svc.backend.history(job_ids=sorted(need_history))
         if unconfirmed:
-            since = min(_utc(a.submitted_at) or now for _, a in unconfirmed) - timedelta(minutes=5)
+            # The intent's own time: a crash between sbatch and the commit leaves submitted_at empty.
+            since = min(_utc(a.submitted_at or a.created_at) or now for _, a in unconfirmed) - timedelta(minutes=5)
             rows += svc.backend.history(since=max(since, now - ADOPT_LOOKBACK))
     except SlurmUnavailable as exc:
         svc.slurm_down(now, str(exc))

@@ -51,17 +51,6 @@ op = st.one_of(
 )
 
 
-@pytest.fixture(autouse=True)
-def _upstream_transitions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two job-state moves reconcile makes that broker.states does not list yet (reported upstream):
-    held -> recovering (released, started and reclaimed between two ticks) and admitted -> recovering
-    (a submission adopted after a restart whose run had already failed)."""
-    from broker.states import ALLOWED, JobState
-
-    monkeypatch.setitem(ALLOWED, JobState.HELD, ALLOWED[JobState.HELD] | {JobState.RECOVERING})
-    monkeypatch.setitem(ALLOWED, JobState.ADMITTED, ALLOWED[JobState.ADMITTED] | {JobState.RECOVERING})
-
-
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A migrated database to copy for each example (migrating every time would dominate the run)."""

@@ -22,7 +22,14 @@ from broker.db.migrate import alembic_config, current_revision, head_revision, u
 from broker.db.models import Base
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"jobs", "attempts", "events", "lease", "alembic_version"}
+TABLES = {
+    "jobs", "attempts", "events", "lease", "alembic_version",
+    # 0002: budgets and the ledger
+    "semesters", "lab_groups", "group_members", "quotas", "prices", "budgets", "budget_alerts",
+    "budget_holds", "ledger_runs", "charges", "reservation_releases",
+    # 0003: node sessions and usage
+    "node_sessions", "node_usage",
+}
 
 
 def schema_diff(url: str, metadata: MetaData) -> list[Any]:
