@@ -10,6 +10,7 @@ down, and no billing event is lost.
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +49,8 @@ def _hook(ctx: Context, action: str, hostlists: tuple[str, ...], as_json: bool) 
         result = call(ctx.socket, OPS[action], timeout=HOOK_TIMEOUT_SECONDS, nodes=names, key=key)
         result["via"] = "daemon"
     except DaemonUnavailable as exc:
+        if os.geteuid() != 0:
+            raise  # only Slurm's hooks (root) may act without the daemon's say
         click.echo(f"gbroker node {action.replace('_', '-')}: daemon unavailable ({exc.message}); "
                    "calling the provider directly and journaling", err=True)
         result = _direct(ctx, action, names, key)

@@ -60,7 +60,11 @@ JOB_ON_NODE_STATES = frozenset(
 
 def ticks(svc: Any) -> list[tuple[str, Callable[[], None], float]]:
     interval = max(1.0, float(svc.settings.node_tick_seconds))
-    return [(TICK_ID, lambda: manager(svc).tick(), interval)]
+
+    def run() -> None:
+        manager(svc).tick()
+
+    return [(TICK_ID, run, interval)]
 
 
 def manager(svc: Any) -> NodeManager:
@@ -436,14 +440,14 @@ class NodeManager:
                 failures = {n: exc.message for n in names}
             with self.svc.tx() as s:
                 for inst in instances:
-                    sess = ns.open_session_of(s, inst.node_name)
-                    if sess is not None and sess.instance_id != inst.instance_id:
-                        sess.instance_id = inst.instance_id
+                    mine = ns.open_session_of(s, inst.node_name)
+                    if mine is not None and mine.instance_id != inst.instance_id:
+                        mine.instance_id = inst.instance_id
                 for name, why in failures.items():
-                    sess = ns.open_session_of(s, name)
+                    failed = ns.open_session_of(s, name)
                     ns.add_event(s, "node_resume_failed", at, f"{name}: {why}", node=name, error=why)
-                    if sess is not None:
-                        ns.close_session(s, sess, self.svc.clock.now(), f"resume failed: {why}")
+                    if failed is not None:
+                        ns.close_session(s, failed, self.svc.clock.now(), f"resume failed: {why}")
             if failures:
                 self._fail_nodes(sorted(failures))
         return {
@@ -564,11 +568,11 @@ class NodeManager:
             else:
                 if ns.session_by_close_key(s, key) is not None:
                     continue
-                sess = ns.open_session_of(s, name)
-                if sess is None or sess.resumed_at > at:
+                current = ns.open_session_of(s, name)
+                if current is None or current.resumed_at > at:
                     continue  # nothing open then: a later power-up is not this suspend's business
                 reason = "suspended by Slurm (journal)" if rec["action"] == "suspend" else "resume failed (journal)"
-                ns.close_session(s, sess, at, reason, key=key)
+                ns.close_session(s, current, at, reason, key=key)
                 changes += 1
         return changes
 

@@ -293,7 +293,7 @@ def test_report_shows_idle_node_hours_and_cost_that_the_events_imply(node_daemon
     by_price: dict[tuple[str, int], list[int]] = {}
     for sid, marks in stretches.items():
         end = min(ends.get(sid, until), until)
-        for (a, state), nxt in zip(marks, marks[1:] + [(end, "")]):
+        for (a, state), nxt in zip(marks, marks[1:] + [(end, "")], strict=True):
             secs = max(0, int((min(nxt[0], end) - a).total_seconds()))
             w = want.setdefault(part[sid], {"idle_s": 0, "busy_s": 0})
             w[f"{state}_s"] += secs
@@ -311,6 +311,14 @@ def test_report_shows_idle_node_hours_and_cost_that_the_events_imply(node_daemon
     assert report["spot"]["busy_s"] > 0  # the burst ran there
     text = d.cli("node", "report", "--until", until.isoformat(), user="alice")
     assert text.code == 0 and "IDLE NODE-H" in text.out and "spot" in text.out
+    listing = d.cli("node", "list", "--json", user="bob")
+    assert listing.code == 0, listing.err
+    rows = {r["node"]: r for r in listing.json()}
+    assert {"spot1", "spot2", "spot3", "spot4", "od1", "od2"} <= set(rows)
+    assert rows["spot3"]["capacity"] == "spot" and rows["od1"]["capacity"] == "ondemand"
+    assert all(r["power"] in ("off", "booting", "on", "stopping") for r in rows.values())
+    denied = d.cli("node", "suspend", "spot3", user="bob")
+    assert denied.code != 0 and "admin" in denied.err
 
 
 # --------------------------------------------------------------------------- aws on moto
@@ -398,29 +406,26 @@ def test_aws_nodes_resume_tagged_by_market_suspend_terminates_and_orphans_are_sw
     states = {_tags(i)["gbroker:node"]: i["State"]["Name"] for i in _instances(ec2)}
     assert set(states.values()) <= {"shutting-down", "terminated"}, states
 
-    # Someone (a crashed resume, a hand launch) left a tagged instance no node stands for.
-    stray = ec2.run_instances(
-        ImageId="ami-0a1b2c3d4e5f60718", InstanceType="t3.micro", MinCount=1, MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [
-            {"Key": "gbroker:cluster", "Value": AWS_CLUSTER}, {"Key": "gbroker:node", "Value": "spot2"}]}],
-    )["Instances"][0]["InstanceId"]
-    foreign = ec2.run_instances(
-        ImageId="ami-0a1b2c3d4e5f60718", InstanceType="t3.micro", MinCount=1, MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [
-            {"Key": "gbroker:cluster", "Value": "someone-else"}, {"Key": "gbroker:node", "Value": "spot2"}]}],
-    )["Instances"][0]["InstanceId"]
+    # Left behind by someone (a crashed resume, a hand launch): tagged as ours, but no node
+    # Slurm holds up stands for it. Another cluster's instance with the same node tag stays.
+    def launch(cluster: str, node: str) -> str:
+        return str(ec2.run_instances(
+            ImageId="ami-0a1b2c3d4e5f60718", InstanceType="t3.micro", MinCount=1, MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                {"Key": "gbroker:cluster", "Value": cluster}, {"Key": "gbroker:node", "Value": node}]}],
+        )["Instances"][0]["InstanceId"])
+
+    stray, foreign = launch(AWS_CLUSTER, "ghost9"), launch("someone-else", "ghost9")
     t = d.cli("node", "tick", "--json", user="root")
     assert t.code == 0, t.err
-    spot2_up = "POWERED_DOWN" not in subprocess.run(
-        ["scontrol", "-o", "show", "node", "spot2"], env=d.env, capture_output=True, text=True).stdout
-    if not spot2_up:  # spot2 is powered down in Slurm: its tagged instance is an orphan
-        assert stray in t.json()["terminated"], t.json()
-        state = {i["InstanceId"]: i["State"]["Name"] for i in _instances(ec2)}
-        assert state[stray] in ("shutting-down", "terminated") and state[foreign] == "running"
-        evs = [e for e in node_events(d.db_url) if e["kind"] == "node_orphan_terminated"]
-        assert [e["instance_id"] for e in evs] == [stray]
-    else:  # another user's job holds spot2 up right now: the sweep must leave the instance alone
-        assert stray not in t.json()["terminated"]
+    assert t.json()["terminated"] == [stray], t.json()
+    state = {i["InstanceId"]: i["State"]["Name"] for i in _instances(ec2)}
+    assert state[stray] in ("shutting-down", "terminated") and state[foreign] == "running"
+    evs = [e for e in node_events(d.db_url) if e["kind"] == "node_orphan_terminated"]
+    assert [(e["instance_id"], e["node"]) for e in evs] == [(stray, "ghost9")]
+    assert "not up in Slurm" in evs[0]["reason"]
+    again = d.cli("node", "tick", "--json", user="root")  # a second sweep plans nothing new
+    assert again.code == 0 and again.json()["terminated"] == []
     # Billing: two sessions opened by the hook and closed by the suspend, at the partitions' prices.
     evs = node_events(d.db_url)
     resumes = {e["node"]: e for e in evs if e["kind"] == "node_resume"}

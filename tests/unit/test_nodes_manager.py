@@ -454,7 +454,7 @@ def test_sweep_terminates_orphans_after_the_grace_and_marks_instanceless_nodes_d
     assert report.marked_down == []  # spot2 is younger than the grace; spot3 was never ours
     report = step(env, 300)
     assert report.marked_down == ["spot2"]
-    assert ["scontrol", "update", "NodeName=spot2", "State=DOWN", f"Reason=gbroker: no instance behind the node"] \
+    assert ["scontrol", "update", "NodeName=spot2", "State=DOWN", "Reason=gbroker: no instance behind the node"] \
         in env.slurm.scontrol_states()
     assert young in report.terminated
     kinds = [e["kind"] for e in events(env.svc)]
