@@ -74,6 +74,7 @@ def ledger_tick(svc: Any) -> None:
     except SlurmUnavailable as exc:
         log.info("ledger: Slurm accounting unreachable (%s); charging waits", exc)
     release_reservations(svc, now)
+    charge_idle_stretches(svc, now)
     enforce_budgets(svc, now)
 
 
@@ -518,4 +519,37 @@ def charge_idle_time(
         ))
         total += line.amount_micros
     s.flush()
+    return total
+
+
+IDLE_LOOKBACK = timedelta(days=2)
+"""Idle stretches that ended this recently are (re)offered to the ledger each tick; keys make it idempotent."""
+
+
+def charge_idle_stretches(svc: Any, now: datetime) -> int:
+    """Put every ended idle stretch of a node (from the node manager's sessions) in the ledger.
+
+    Each stretch becomes ``idle`` lines at the price book's GPU-hour price times
+    the node's GPUs, keyed per node and period, so a tick that sees it again
+    charges nothing more. A stretch with no price in the book is logged and
+    left for a later tick (an admin may add the price).
+    """
+    from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
+
+    total = 0
+    with svc.tx() as s:
+        rows = s.execute(
+            select(NodeUsage, NodeSession)
+            .join(NodeSession, NodeSession.id == NodeUsage.session_id)
+            .where(NodeUsage.state == USAGE_IDLE, NodeUsage.ended_at.is_not(None),
+                   NodeUsage.ended_at >= now - IDLE_LOOKBACK)
+        ).all()
+        for usage, sess in rows:
+            try:
+                total += charge_idle_time(
+                    s, svc, node=sess.node, partition=sess.partition, capacity=sess.capacity,
+                    start=usage.started_at, end=usage.ended_at, gpus=sess.gpus, now=now,
+                )
+            except MissingPrice as exc:
+                log.warning("ledger: idle time of %s not charged yet: %s", sess.node, exc.message)
     return total

@@ -183,3 +183,26 @@ def test_idle_node_time_is_its_own_line(db_url: str) -> None:
     assert (total, again) == (1_200_000, 0)
     rep = w.ops()["report"](ROOT, {"by": "group"})
     assert [(r["key"], r["spend_micros"]) for r in rep["rows"]] == [("(idle nodes)", 1_200_000)]
+
+
+def test_ledger_tick_charges_the_node_managers_idle_stretches_once(db_url: str) -> None:
+    from broker.money import cost_micros, parse_money
+    from broker.service import node_sessions as ns
+
+    w = World(db_url)
+    setup_lab(w.svc)
+    with w.svc.tx() as s:
+        sess, _ = ns.open_session(s, w.svc.settings, node="spot2", partition="spot", capacity="spot", gpus=4,
+                                  provider="", source="slurm", key="open-spot2-1", at=T)
+        ns.set_usage(s, sess, "busy", T + timedelta(seconds=120))      # idle 120 s while booting empty
+        ns.set_usage(s, sess, "idle", T + timedelta(seconds=420))      # the job ran 300 s
+        ns.close_session(s, sess, T + timedelta(seconds=600), "released")  # idle 180 s more
+    now = T + timedelta(seconds=700)
+    first = ledger.charge_idle_stretches(w.svc, now)
+    again = ledger.charge_idle_stretches(w.svc, now)
+    # (120 + 180) s x 4 GPUs at the book's spot price, and nothing the second time.
+    assert first == cost_micros(parse_money("3.60"), 120, 4) + cost_micros(parse_money("3.60"), 180, 4)
+    assert again == 0
+    idle_lines = [ln for ln in w.lines() if ln["kind"] == "idle"]
+    assert sum(ln["seconds"] for ln in idle_lines) == 300
+    assert sum(ln["amount_micros"] for ln in idle_lines) == first
