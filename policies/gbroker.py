@@ -28,7 +28,7 @@ Then the rules that hold whatever the model says:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -119,13 +119,13 @@ class GBrokerPolicy(Policy):
         table, delta = self._table(job, market)
         left = job.time_left_s
         assert left is not None
-        l = left // delta
+        lv = left // delta
         r = -(-job.work_left_s // delta)
         mode = {Capacity.SPOT: "spot", Capacity.ONDEMAND: "ondemand"}.get(job.current, "idle")
-        act = table.action(mode, spot, l, r)
+        act = table.action(mode, spot, lv, r)
         if act == SPOT and not spot:
             act = WAIT
-        hint = self._hint(table, mode, spot, act, l, r, left, delta)
+        hint = self._hint(table, mode, spot, act, lv, r, left, delta)
         stable = stable_for([net])
         if stable is not None:
             hint = min(hint, stable)
@@ -199,11 +199,11 @@ class GBrokerPolicy(Policy):
         return up, _quantise_log(rate, 1.4)
 
     @staticmethod
-    def _hint(table, mode: str, spot: bool, act: int, l: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
+    def _hint(table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
         """Seconds the table's answer certainly stays ``act``.
 
         Time left drops one table step every ``delta`` seconds; work left drops
-        at most as fast. So within t steps the cell is (l - t', r - a) with
+        at most as fast. So within t steps the cell is (lv - t', r - a) with
         t' <= t and a <= t' + 1: check that triangle.
         """
         if mode == "spot":
@@ -213,16 +213,16 @@ class GBrokerPolicy(Policy):
         else:
             arr = table.idle_up if spot else table.idle_down
         key = table.key
-        l = min(l, key.l_max)
+        lv = min(lv, key.l_max)
         r = min(r, key.r_max)
-        first_drop = left - l * delta + 1  # seconds until l becomes l - 1
-        if r <= 0 or r > l:
+        first_drop = left - lv * delta + 1  # seconds until lv becomes lv - 1
+        if r <= 0 or r > lv:
             return first_drop
-        T = min(HINT_STEPS, l - 1)
+        T = min(HINT_STEPS, lv - 1)
         if T <= 0:
             return first_drop
         lo_r = max(1, r - T - 1)
-        block = arr[l - T : l + 1, lo_r : r + 1][::-1]  # row t = time left l - t
+        block = arr[lv - T : lv + 1, lo_r : r + 1][::-1]  # row t = time left lv - t
         t_idx = np.arange(T + 1)[:, None]
         a_idx = (r - np.arange(lo_r, r + 1))[None, :]
         region = a_idx <= t_idx + 1

@@ -16,7 +16,7 @@ exists to show what the net is worth.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import (
     AttemptView,

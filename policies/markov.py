@@ -55,10 +55,10 @@ class Table:
     od_up: np.ndarray
     od_down: np.ndarray
 
-    def action(self, mode: str, up: bool, l: int, r: int) -> int:
+    def action(self, mode: str, up: bool, lv: int, r: int) -> int:
         if r <= 0:
             return WAIT
-        l = max(0, min(l, self.key.l_max))
+        lv = max(0, min(lv, self.key.l_max))
         r = min(r, self.key.r_max)
         if mode == "spot":
             arr = self.spot_up if up else self.idle_down
@@ -66,7 +66,7 @@ class Table:
             arr = self.od_up if up else self.od_down
         else:
             arr = self.idle_up if up else self.idle_down
-        return int(arr[l, r])
+        return int(arr[lv, r])
 
 
 def step_probabilities(reclaims_per_hour: float, uptime: float, delta_s: int) -> tuple[float, float]:

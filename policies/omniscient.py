@@ -12,7 +12,7 @@ submission; outside every run the job waits.
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import (
     AttemptView,

@@ -5,7 +5,7 @@ No deadline, non-interruptible, cannot checkpoint: all the same, on-demand at on
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.rules import NEVER_CHANGES_S
 from policies.base import (

@@ -12,7 +12,7 @@ only the clock and the job's progress move).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from policies.base import Action, Capacity, Decision, JobView, MarketView, Placement
 

@@ -8,7 +8,7 @@ shared safety net says one more step off on-demand could miss the deadline.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import (
     Action,

@@ -24,7 +24,7 @@ in time (the paper's code rounds to whole steps to the same end).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from policies.base import (
     AttemptView,

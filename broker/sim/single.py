@@ -11,7 +11,7 @@ import multiprocessing as mp
 import random
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from broker.money import MICROS_PER_UNIT
 from broker.sim.engine import Outcome, Prices, SimJob, run_job
@@ -180,10 +180,10 @@ def summarize(samples: Iterable[Sample], names: Sequence[str]) -> list[dict[str,
         if n == 0:
             continue
         rs = [s.results[name] for s in samples]
-        ratio = sum(r.cost_us / s.baseline_us for r, s in zip(rs, samples)) / n
-        gap = sum(r.cost_us / s.optimum_us - 1 for r, s in zip(rs, samples) if s.optimum_us) / n
-        gap_max = max((r.cost_us / s.optimum_us - 1 for r, s in zip(rs, samples) if s.optimum_us), default=0.0)
-        feasible = [r for r, s in zip(rs, samples) if s.feasible]
+        ratio = sum(r.cost_us / s.baseline_us for r, s in zip(rs, samples, strict=True)) / n
+        gap = sum(r.cost_us / s.optimum_us - 1 for r, s in zip(rs, samples, strict=True) if s.optimum_us) / n
+        gap_max = max((r.cost_us / s.optimum_us - 1 for r, s in zip(rs, samples, strict=True) if s.optimum_us), default=0.0)
+        feasible = [r for r, s in zip(rs, samples, strict=True) if s.feasible]
         rows.append(
             {
                 "policy": name,

@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from broker.errors import SpecError
 from broker.money import MICROS_PER_UNIT

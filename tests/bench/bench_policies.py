@@ -66,7 +66,6 @@ def main() -> None:
                     combos.append((s, ks))
     settings = [c[0] for c in combos]
     tasks = []
-    probe = {}
     for si, (s, ks) in enumerate(combos):
         w = _Worker(traces, NAMES, s, args.starts, args.seed)
         for k in ks:
@@ -87,7 +86,7 @@ def main() -> None:
     hdr = "| group | N | W/D | d (h) | traces | greedy gap | UP gap | gbroker gap | gbroker cost/OD | UP cost/OD | gbroker met | gbroker < UP |"
     print(hdr)
     print("|" + "---|" * 12)
-    for si, (s, ks) in enumerate(combos):
+    for si, (s, _ks) in enumerate(combos):
         by_group: dict[str, list] = defaultdict(list)
         for smp in results[si]:
             by_group[group_of(next(t for t in traces if t.name == smp.trace))].append(smp)
@@ -98,7 +97,7 @@ def main() -> None:
             for x in smps:
                 per_trace[x.trace].append(x)
             wins = 0
-            for tname, ts in per_trace.items():
+            for ts in per_trace.values():
                 ss = {r["policy"]: r for r in summarize(ts, NAMES)}
                 wins += ss["gbroker"]["gap_to_optimal_mean"] <= ss["uniform-progress"]["gap_to_optimal_mean"]
             g, u, o = summ["greedy"], summ["uniform-progress"], summ["gbroker"]

@@ -6,7 +6,7 @@ on small traces.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 NONE, SPOT, OD = 0, 1, 2
 
