@@ -94,10 +94,12 @@ class MarketView:
     of this size was available; None = not observed yet."""
     lookback_s: int = 0
     """How much history the observed rate and uptime summarise (0 = none)."""
-    spot_down_s: int = 0
-    """Seconds since spot capacity for this job was last available (0 = available now)."""
-    spot_up_s: int = 0
-    """Seconds since spot capacity for this job became available (0 = not available now)."""
+    spot_down_s: int | None = None
+    """Seconds since spot capacity for this job was last available (0 when it is
+    available now); None = not tracked."""
+    spot_up_s: int | None = None
+    """Seconds since spot capacity for this job became available (0 when it is
+    not available now); None = not tracked."""
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,12 @@ class GBrokerPolicy(Policy):
         stable = stable_for([net])
         if stable is not None:
             hint = min(hint, stable)
-        if act == SPOT and job.current is Capacity.ONDEMAND and market.spot_up_s < self.prove_s(job):
+        if (
+            act == SPOT
+            and job.current is Capacity.ONDEMAND
+            and market.spot_up_s is not None
+            and market.spot_up_s < self.prove_s(job)
+        ):
             # Many spot windows are shorter than a changeover: leave on-demand
             # only for a window that has already lasted a while.
             act = ONDEMAND
@@ -149,6 +154,8 @@ class GBrokerPolicy(Policy):
             return Placement(Capacity.SPOT, "no deadline: spot", NEVER_CHANGES_S)
         if job.current is Capacity.ONDEMAND:
             return Placement(Capacity.ONDEMAND, "no deadline: on-demand until spot is back", NEVER_CHANGES_S)
+        if market.spot_down_s is None:
+            return Placement(Capacity.NONE, "no deadline: wait for spot", NEVER_CHANGES_S)
         if market.spot_down_s >= patience:
             return Placement(Capacity.ONDEMAND, "no deadline: spot gone too long", NEVER_CHANGES_S)
         return Placement(Capacity.NONE, "no deadline: wait for spot", patience - market.spot_down_s)

@@ -158,3 +158,11 @@ def test_gbroker_leaves_ondemand_only_for_a_window_that_lasted() -> None:
     assert fresh.capacity is Capacity.ONDEMAND and fresh.recheck_s is not None and fresh.recheck_s <= 2 * 720 - 60
     proven = p.place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw))  # type: ignore[arg-type]
     assert proven.capacity is Capacity.SPOT
+
+
+def test_gbroker_with_the_daemons_default_market_still_moves_to_spot() -> None:
+    # The daemon may not track window ages: unknown ages must not pin a job to on-demand.
+    p = from_name("gbroker")
+    on_od = job(deadline_s=96 * H, current=Capacity.ONDEMAND)
+    assert p.place(on_od, MarketView(spot_available=1)).capacity is Capacity.SPOT
+    assert p.place(job(deadline_s=None), MarketView(spot_available=0)).capacity is Capacity.NONE
