@@ -2,10 +2,13 @@
 
 The trace's count is the number of spot nodes the cluster can have in each
 step. Jobs on spot hold their nodes; when the count drops below what is held,
-the most recently started spot jobs are reclaimed (whole gangs) until the
-rest fits. Spot is handed out in order of arrival; on-demand is always there.
+spot gangs drawn at random (seeded: the same seed, the same run) are
+reclaimed, whole, until the rest fits. Spot is handed out in order of arrival; on-demand is always there.
 Each job then follows the single-job model of ``broker.sim.engine``
-(changeover on every new start, progress lost without checkpoints).
+(changeover on every new start, progress lost without checkpoints). As in
+the daemon, policies see the reclaim rate observed on the cluster so far
+(reclaims per hour held on spot, over all jobs) once there is enough of it,
+or the trace's own rate if that is higher.
 
 Job file: JSON (a list, or {"jobs": [...]}) or CSV with a header. Fields:
 kind, nodes, gpus_per_node (1), arrival_hours, work_hours, deadline_hours
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,9 @@ from broker.sim.feed import SpotFeed
 from broker.sim.trace import Trace
 from policies import from_name
 from policies.base import Action, AttemptView, Capacity, JobView, Policy
+
+OBSERVED_MIN_S = 6 * 3600
+"""Spot hours held before the observed reclaim rate is trusted over the trace's."""
 
 TRUE = {"1", "true", "yes", "y", "t"}
 FALSE = {"0", "false", "no", "n", "f"}
@@ -170,7 +177,9 @@ def run_workload(
     for name in names:
         if name == "omniscient":
             continue
-        summary.append(_one_policy(from_name(name), trace, jobs, feeds, steps, spot_micros, ondemand_micros, changeover_s))
+        summary.append(
+            _one_policy(from_name(name), trace, jobs, feeds, steps, spot_micros, ondemand_micros, changeover_s, seed)
+        )
     return {"trace": trace.name, "jobs": len(jobs), "summary": summary}
 
 
@@ -183,18 +192,24 @@ def _one_policy(
     sp: int,
     od: int,
     changeover_s: int,
+    seed: int,
 ) -> dict[str, Any]:
     g = trace.gap_s
+    rng = random.Random(seed)
     runs = [_Run(j, j.changeover_s if j.changeover_s is not None else changeover_s) for j in jobs]
     order = sorted(range(len(runs)), key=lambda k: (runs[k].job.arrival_s, k))
+    # What the daemon observes: reclaims per hour held on spot, over every job so far.
+    held_s = 0
+    seen_reclaims = 0
     for i in range(steps):
         t = i * g
         capacity = feeds[1].counts[i] if 1 in feeds else next(iter(feeds.values())).counts[i]
         active = [runs[k] for k in order if runs[k].job.arrival_s <= t and runs[k].finished_s is None and not runs[k].gave_up]
         if not active and all(r.finished_s is not None or r.gave_up for r in runs):
             break
-        # Reclaim most recent spot gangs until the rest fits.
-        on_spot = sorted((r for r in active if r.cur is Capacity.SPOT), key=lambda r: -r.started_step)
+        # Reclaim gangs, in a seeded random order, until the rest fits.
+        on_spot = [r for r in active if r.cur is Capacity.SPOT]
+        rng.shuffle(on_spot)
         used = sum(r.job.nodes for r in on_spot)
         reclaimed = set()
         for r in on_spot:
@@ -202,13 +217,16 @@ def _one_policy(
                 break
             used -= r.job.nodes
             reclaimed.add(id(r))
+        seen_reclaims += len(reclaimed)
+        observed = seen_reclaims / (held_s / 3600) if held_s >= OBSERVED_MIN_S else None
         for r in active:
             rel = t - r.job.arrival_s
             feed = feeds[r.job.nodes]
             others = used - (r.job.nodes if r.cur is Capacity.SPOT and id(r) not in reclaimed else 0)
             free = max(0, capacity - others)
             market = feed.market(i, sp, od)
-            market = type(market)(**{**market.__dict__, "spot_available": free})
+            rate = market.spot_reclaim_rate_per_hour if observed is None else max(observed, market.spot_reclaim_rate_per_hour)
+            market = replace(market, spot_available=free, spot_reclaim_rate_per_hour=rate)
             if id(r) in reclaimed:
                 r.history.append(AttemptView(Capacity.SPOT, t - r.started_step * g, "reclaimed"))
                 if not r.job.checkpointable:
@@ -244,6 +262,8 @@ def _one_policy(
                     if want is Capacity.SPOT:
                         used += r.job.nodes
                 r.cur = want
+            if r.cur is Capacity.SPOT:
+                held_s += g
             _advance(r, rel, g, sp, od)
     total = sum(r.cost_us for r in runs)
     baseline = 0
