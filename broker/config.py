@@ -94,7 +94,7 @@ def default_db_url() -> str:
 class Settings:
     db_url: str = field(default_factory=default_db_url)
     socket: str = field(default_factory=default_socket_path)
-    policy: str = "simple"
+    policy: str = "gbroker"
     """Placement policy name (``gbroker simulate --help`` lists them)."""
     tick_seconds: float = 15.0
     """How often the daemon reconciles with Slurm."""

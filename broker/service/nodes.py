@@ -34,6 +34,7 @@ from broker.providers import hooks
 from broker.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
 from broker.service import node_sessions as ns
 from broker.service.node_policy import NodeView, PartitionRule, PendingJob, Power, plan_release
+from broker.service.market import observer
 from broker.service.node_slurm import NodeSlurm
 from broker.slurm.backend import NodeInfo, SlurmJob
 from broker.slurm.statemap import (
@@ -205,6 +206,7 @@ class NodeManager:
     def read_slurm(self) -> Snapshot:
         now = self.svc.clock.now()
         nodes = {n.name: n for n in self.svc.backend.nodes()}
+        observer(self.svc).observe(nodes.values(), self.svc.settings.spot_partition, now)
         jobs = self.svc.backend.jobs()
         pending = self.slurm.pending_jobs(jobs)
         return Snapshot(at=now, nodes=nodes, on_node=jobs_on_nodes(jobs), pending=pending)

@@ -30,7 +30,8 @@ from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.spec import spec_from_dict
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
-from policies import Action, Capacity, MarketView
+from broker.service.market import build_market
+from policies import Action, Capacity
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,7 @@ def reconcile(svc: Services) -> None:
     inflight: set[int] = svc.inflight
 
     with svc.tx() as s:
-        svc.market = MarketView(  # type: ignore[attr-defined]
-            spot_reclaim_rate_per_hour=observed_reclaim_rate(s, now),
-        )
+        svc.market = build_market(svc, s, now, observed_reclaim_rate(s, now))
         pairs = active_with_latest(s)
         need_history: dict[int, tuple[Job, Attempt]] = {}
         unconfirmed: list[tuple[Job, Attempt]] = []
@@ -192,11 +191,42 @@ def _follow(
             att.state = AttemptState.PENDING
         held = "held" in (sj.reason or "").lower()
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
+        if not held and job.deadline is not None and att.capacity == Capacity.SPOT:
+            _deadline_fallback(s, svc, job, att, sj, now, plan)
         if sj.reason == "BeginTime":
             # gbroker never asks for a begin time: this is Slurm's requeue delay. Skip it.
             plan.start_now.append(sj.job_id)
     elif sj.state == AttemptState.UNKNOWN:
         _move(s, job, JobState.UNKNOWN, f"Slurm state {sj.state_raw}", now)
+
+
+def _deadline_fallback(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
+) -> None:
+    """A deadline job still waiting for spot: ask the policy again; move it to on-demand if it says so.
+
+    This is how a deadline is kept when spot capacity does not come: the
+    policy's safety net turns to on-demand while the time left still covers
+    the work. A forced partition (the user's choice) is never moved.
+    """
+    spec = spec_from_dict(json.loads(job.spec_json))
+    if spec.partition:
+        return
+    view = job_view(
+        spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
+        reclaims=job.reclaims or 0, current=Capacity.NONE,
+    )
+    placement = svc.policy.place(view, market_view(svc))
+    if placement.capacity != Capacity.ONDEMAND:
+        return
+    partition = svc.settings.ondemand_partition
+    plan.to_ondemand.append(sj.job_id)
+    att.partition, att.capacity = partition, Capacity.ONDEMAND
+    job.partition, job.capacity = partition, Capacity.ONDEMAND
+    store.add_event(
+        s, "fallback", f"still waiting for spot; moved to {partition} to meet the deadline ({placement.reason})",
+        now=now, job_id=job.id,
+    )
 
 
 def _move(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:

@@ -216,3 +216,37 @@ def test_daemon_down_is_a_clear_message_and_nothing_is_lost(broker_daemon):
     assert r.code == 6 and "daemon is not running" in r.err and "Nothing was submitted" in r.err
     d.start()
     assert d.cli("history", "--json").json() == []
+
+
+def test_deadline_job_waiting_for_spot_falls_back_to_ondemand(broker_daemon, slurm_cluster):
+    """Spot is full; a deadline job waits there until the policy's safety net moves it to on-demand."""
+    d = broker_daemon
+    d.stop()
+    d.start(GBROKER_POLICY="greedy")  # spot whenever it is there; the safety net decides the move
+    fillers = []
+    try:
+        for _ in slurm_cluster.spot_nodes:
+            out = slurm_cluster.run(["sbatch", "--parsable", "-p", "spot", "-A", "vision", "--gres=gpu:4",
+                                     "-t", "10", "-o", "/dev/null", "--wrap", "sleep 400"]).stdout
+            fillers.append(out.strip().split(";")[0])
+        slurm_cluster.wait_for(
+            lambda: all(slurm_cluster.job_field(j, "JobState") == "RUNNING" for j in fillers), 180,
+            what="spot filled by four 4-GPU jobs",
+        )
+        deadline = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 300))
+        r = d.cli("submit", "--json", "--group", "vision", "--time", "3m", "--deadline", deadline,
+                  "--name", "due-soon", "--", "sleep", "20")
+        assert r.code == 0, r.err
+        job_id = r.json()["id"]
+        assert r.json()["capacity"] == "spot"
+        job = d.wait_job(job_id, lambda j: j["capacity"] == "ondemand", timeout=150)
+        assert job["state"] in ("pending", "running"), job
+        assert any(e["kind"] == "fallback" for e in job["events"]), job["events"]
+        job = d.wait_job(job_id, lambda j: j["state"] == "completed", timeout=200)
+        assert [a["partition"] for a in job["attempts"]] == ["ondemand"]
+        assert _running_on(job).startswith("od")
+        ended = job["attempts"][-1]["ended_at"]
+        assert ended <= deadline.replace("+00:00", "Z"), (ended, deadline)
+    finally:
+        if fillers:
+            slurm_cluster.run(["scancel", *fillers], check=False)

@@ -35,4 +35,4 @@ def test_missing_explicit_file_is_an_error(tmp_path):
 
 def test_missing_default_file_is_fine(tmp_path):
     s = load_settings(env={"GBROKER_CONFIG": str(tmp_path / "absent.toml")})
-    assert s.policy == "simple"
+    assert s.policy == "gbroker"

@@ -1,0 +1,111 @@
+"""What the daemon has seen of the spot market, as the policy's MarketView.
+
+The node tick reports how many spot nodes could be had (not down, drained or
+failed: a powered-down cloud node counts, it can be rented); this module keeps
+a short history in memory and turns it into the numbers the policies read:
+nodes available now, how long spot has been up (or down), the share of the
+recent past it was up, the reclaim rate seen on the cluster, and prices from
+the price book. After a restart the history starts empty and the policies fall
+back to their priors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from broker.slurm.backend import NodeInfo
+from broker.states import NodeState
+from policies import MarketView
+
+LOOKBACK = timedelta(days=7)
+"""The same window as the observed reclaim rate."""
+MAX_SAMPLES = 20_000
+UNUSABLE = frozenset({NodeState.DOWN, NodeState.UNKNOWN})
+
+
+@dataclass
+class SpotObserver:
+    """Samples of (time, spot nodes available), newest last."""
+
+    samples: deque[tuple[datetime, int]] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, nodes: Iterable[NodeInfo], spot_partition: str, now: datetime) -> int:
+        available = sum(
+            1 for n in nodes
+            if spot_partition in n.partitions and n.state not in UNUSABLE and "drain" not in n.state_raw.lower()
+        )
+        with self.lock:
+            self.samples.append((now, available))
+            while self.samples and self.samples[0][0] < now - LOOKBACK:
+                self.samples.popleft()
+        return available
+
+    def summary(self, now: datetime, need: int = 1) -> dict[str, object]:
+        """MarketView fields for a job that needs `need` spot nodes at once."""
+        with self.lock:
+            samples = list(self.samples)
+        if not samples:
+            return {}
+        up_s = down_s = 0.0
+        for (t0, n0), (t1, _) in zip(samples, samples[1:]):
+            span = (t1 - t0).total_seconds()
+            if n0 >= need:
+                up_s += span
+            else:
+                down_s += span
+        available = samples[-1][1]
+        # How long the current state has lasted.
+        streak_start = samples[-1][0]
+        for t, n in reversed(samples):
+            if (n >= need) != (available >= need):
+                break
+            streak_start = t
+        streak = int((now - streak_start).total_seconds())
+        lookback = up_s + down_s
+        return {
+            "spot_available": available,
+            "spot_uptime_fraction": (up_s / lookback) if lookback > 0 else None,
+            "lookback_s": int(lookback),
+            "spot_up_s": streak if available >= need else 0,
+            "spot_down_s": 0 if available >= need else streak,
+        }
+
+
+def observer(svc: object) -> SpotObserver:
+    obs = getattr(svc, "spot_observer", None)
+    if obs is None:
+        obs = SpotObserver()
+        svc.spot_observer = obs  # type: ignore[attr-defined]
+    return obs
+
+
+def build_market(svc: object, session: object, now: datetime, reclaim_rate: float, need: int = 1) -> MarketView:
+    settings = svc.settings  # type: ignore[attr-defined]
+    fields: dict[str, object] = {
+        "spot_reclaim_rate_per_hour": reclaim_rate,
+        "step_s": max(1, int(settings.tick_seconds)),
+    }
+    fields.update(observer(svc).summary(now, need))
+    fields.update(_prices(svc, session, now))
+    return MarketView(**fields)  # type: ignore[arg-type]
+
+
+def _prices(svc: object, session: object, now: datetime) -> dict[str, int]:
+    """Per GPU-hour prices in force now, from the price book when it has them."""
+    from broker.service.budgets import price_book
+
+    book = price_book(session)  # type: ignore[arg-type]
+    settings = svc.settings  # type: ignore[attr-defined]
+    out: dict[str, int] = {}
+    spot = book.price_at(settings.spot_partition, "spot", now)
+    ondemand = book.price_at(settings.ondemand_partition, "ondemand", now)
+    if spot is not None:
+        out["spot_price_micros"] = spot
+    if ondemand is not None:
+        out["ondemand_price_micros"] = ondemand
+    return out
