@@ -100,6 +100,14 @@ class MarketView:
     spot_up_s: int | None = None
     """Seconds since spot capacity for this job became available (0 when it is
     not available now); None = not tracked."""
+    spot_windows_s: tuple[int, ...] = ()
+    """Lengths in seconds of the spot windows (spot for this job continuously
+    available) that began and ended within the look-back, oldest first; the
+    current, unfinished window is not included. Empty = not tracked."""
+    spot_outages_s: tuple[int, ...] = ()
+    """Lengths in seconds of the outages (spot for this job continuously not
+    available) that began and ended within the look-back, oldest first; the
+    current, unfinished outage is not included. Empty = not tracked."""
 
 
 @dataclass(frozen=True)

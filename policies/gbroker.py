@@ -42,6 +42,7 @@ from policies.base import (
     Policy,
     register,
 )
+from policies.empirical import mean_s, residual_s, residual_stable_s
 from policies.markov import ONDEMAND, SPOT, WAIT, TableKey, build, step_probabilities
 from policies.rules import (
     NEVER_CHANGES_S,
@@ -86,7 +87,20 @@ class GBrokerPolicy(Policy):
         min_step_s: int = 360,
         patience_s: int = 12 * 3600,
         prove_changeovers: float = 2.0,
+        empirical: bool = False,
+        residual_factor: float = 2.0,
+        condition: str = "window",
     ) -> None:
+        """``empirical``: condition the model on the age of the current spot
+        window (``condition="window"``), outage (``"outage"``) or both, using
+        the observed lengths in ``MarketView.spot_windows_s`` /
+        ``spot_outages_s`` (``policies.empirical``); expected times left are
+        quantised to powers of ``residual_factor``. Off by default: on the
+        benchmark it lowers the mean gap but not on most settings (see
+        docs/SIMULATOR.md)."""
+        self.condition = condition
+        self.empirical = empirical
+        self.residual_factor = residual_factor
         self.step_target_s = step_target_s
         self.min_step_s = min_step_s
         self.patience_s = patience_s
@@ -117,6 +131,7 @@ class GBrokerPolicy(Policy):
             return placed(cap, "budget too small for on-demand: cheapest route", [net])
 
         table, delta = self._table(job, market)
+        age_stable = self._conditional_stable_s(market)
         left = job.time_left_s
         assert left is not None
         lv = left // delta
@@ -129,6 +144,8 @@ class GBrokerPolicy(Policy):
         stable = stable_for([net])
         if stable is not None:
             hint = min(hint, stable)
+        if age_stable is not None:
+            hint = min(hint, age_stable)
         if (
             act == SPOT
             and job.current is Capacity.ONDEMAND
@@ -182,6 +199,8 @@ class GBrokerPolicy(Policy):
             delta = max(1, self.min_step_s, d // c)
         up, rate = self._observed(market)
         p, q = step_probabilities(rate, up, delta)
+        if self.empirical:
+            p, q = self._conditional(market, delta, p, q)
         ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
         key = TableKey(
             delta_s=delta,
@@ -195,6 +214,45 @@ class GBrokerPolicy(Policy):
             spot_ratio=round(min(1.0, ratio) * 20) / 20,
         )
         return build(key), delta
+
+    def _conditional_stable_s(self, market: MarketView) -> int | None:
+        """How long the model chosen by ``_conditional`` stays the same as the current run ages."""
+        if not self.empirical or market.spot_down_s is None or market.spot_up_s is None:
+            return None
+        if market.spot_down_s == 0:
+            if self.condition == "outage":
+                return None
+            return residual_stable_s(market.spot_windows_s, market.spot_up_s, self.residual_factor)
+        if self.condition == "window":
+            return None
+        return residual_stable_s(market.spot_outages_s, market.spot_down_s, self.residual_factor)
+
+    def _conditional(self, market: MarketView, delta: int, p: float, q: float) -> tuple[float, float]:
+        """Per-step chances of a change, from the observed lengths, given the age of the current run.
+
+        The current run (window or outage) gets its expected time left at its
+        age; the other state its mean observed length. Each is replaced only
+        where there is enough evidence; the result is quantised so that
+        tables are shared.
+        """
+        if market.spot_down_s is None or market.spot_up_s is None:
+            return p, q  # ages not tracked: nothing to condition on
+        if market.spot_down_s == 0:
+            r_up = residual_s(market.spot_windows_s, market.spot_up_s or 0)
+            r_dn = mean_s(market.spot_outages_s)
+        else:
+            r_up = mean_s(market.spot_windows_s)
+            r_dn = residual_s(market.spot_outages_s, market.spot_down_s or 0)
+        f = self.residual_factor
+        if self.condition == "outage":
+            r_up = None
+        if self.condition == "window":
+            r_dn = None
+        if r_up is not None:
+            p = 1 - math.exp(-delta / _quantise_log(max(r_up, 1.0), f))
+        if r_dn is not None:
+            q = 1 - math.exp(-delta / _quantise_log(max(r_dn, 1.0), f))
+        return p, q
 
     @staticmethod
     def _observed(market: MarketView) -> tuple[float, float]:

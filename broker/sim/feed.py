@@ -12,6 +12,7 @@ again when something it can see has changed (see ``Placement.recheck_s``).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -27,6 +28,10 @@ class MarketStats:
     uptime: float | None
     reclaim_rate_per_hour: float
     lookback_s: int
+    windows_s: tuple[int, ...] = ()
+    """Completed spot windows inside the look-back (seconds, oldest first)."""
+    outages_s: tuple[int, ...] = ()
+    """Completed outages inside the look-back (seconds, oldest first)."""
 
 
 class SpotFeed:
@@ -62,6 +67,9 @@ class SpotFeed:
         for i in range(1, length):
             last[i] = i if avail[i] != avail[i - 1] else last[i - 1]
         self.last_avail_change = last
+        # Runs of equal availability: start steps (the first run is cut by the
+        # start of the trace, so it is never counted as a whole window).
+        self._run_starts = [i for i in range(1, length) if avail[i] != avail[i - 1]]
         self._stats_cache: dict[int, MarketStats] = {}
 
     def __len__(self) -> int:
@@ -81,9 +89,22 @@ class SpotFeed:
             up = self._up[at] - self._up[lo]
             rec = self._rec[at] - self._rec[lo + 1] if at > lo + 1 else 0
             rate = rec / (up * self.gap_s / 3600) if up else (float(rec > 0) * 1e9)
-            st = MarketStats(up / span, rate, span * self.gap_s)
+            windows, outages = self._runs(lo, at)
+            st = MarketStats(up / span, rate, span * self.gap_s, windows, outages)
         self._stats_cache[at] = st
         return st
+
+    def _runs(self, lo: int, at: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Lengths of the runs that started at or after ``lo`` and ended by ``at``."""
+        starts = self._run_starts
+        k = bisect_left(starts, lo)
+        windows: list[int] = []
+        outages: list[int] = []
+        while k + 1 < len(starts) and starts[k + 1] <= at:
+            a, b = starts[k], starts[k + 1]
+            (windows if self.avail[a] else outages).append((b - a) * self.gap_s)
+            k += 1
+        return tuple(windows), tuple(outages)
 
     def market(self, i: int, spot_micros: int, ondemand_micros: int) -> MarketView:
         st = self.stats(i)
@@ -100,4 +121,6 @@ class SpotFeed:
             lookback_s=st.lookback_s,
             spot_down_s=down,
             spot_up_s=up,
+            spot_windows_s=st.windows_s,
+            spot_outages_s=st.outages_s,
         )

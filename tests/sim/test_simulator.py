@@ -212,3 +212,37 @@ def test_workload_mode(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("kind,work_hours\nrender,abc\n")
     bad = CliRunner().invoke(simulate_cmd, ["--trace", str(tmp_path / "cap.json"), "--workload", str(tmp_path / "bad.csv")])
     assert bad.exit_code != 0 and "work_hours" in bad.output
+
+
+def test_feed_reports_only_completed_past_runs() -> None:
+    # up 3, down 2, up 4, down 1, up ...: at step 10 the completed runs inside
+    # the look-back are the ones that ended by then, never the current one.
+    data = [1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]
+    tr = Trace("t", 60, tuple(data))
+    feed = SpotFeed(tr, 1, len(data))
+    m = feed.market(12, 1, 2)
+    # The first run (cut by the start of the trace) is not a whole window.
+    assert m.spot_windows_s == (4 * 60,)
+    assert m.spot_outages_s == (2 * 60, 1 * 60)
+    assert m.spot_up_s == 2 * 60 and m.spot_down_s == 0
+    # What is seen at step 7 does not depend on anything after it.
+    early = feed.market(7, 1, 2)
+    assert early.spot_windows_s == () and early.spot_outages_s == (2 * 60,)
+
+
+def test_gbroker_with_empirical_lengths_jumps_ahead_safely() -> None:
+    # Deep into a real trace the look-back holds many windows, so the
+    # age-conditioned model is in play; its hints must not skip a change.
+    tr = load_traces([REAL])[0]
+    d = 720
+    pol = from_name("gbroker", empirical=True)
+    for offset in (1500, 2100, 2700):
+        W, D = 12 * 3600, 16 * 3600
+        feed = SpotFeed(tr, 1, offset + 200)
+        assert len(feed.market(offset, 1, 2).spot_windows_s) >= 10
+        horizon = -(-(D + W + 2 * d) // tr.gap_s)
+        prices = Prices(918_000, 3_060_000)
+        a = run_job(pol, SimJob(W, D, d), feed, offset, prices, horizon, use_hints=True)
+        b = run_job(pol, SimJob(W, D, d), feed, offset, prices, horizon, use_hints=False)
+        assert (a.cost_us, a.finished_s, a.reclaims) == (b.cost_us, b.finished_s, b.reclaims)
+        assert a.deadline_met

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from policies import Capacity, JobView, MarketView, from_name, names
@@ -166,3 +168,42 @@ def test_gbroker_with_the_daemons_default_market_still_moves_to_spot() -> None:
     on_od = job(deadline_s=96 * H, current=Capacity.ONDEMAND)
     assert p.place(on_od, MarketView(spot_available=1)).capacity is Capacity.SPOT
     assert p.place(job(deadline_s=None), MarketView(spot_available=0)).capacity is Capacity.NONE
+
+
+def test_empirical_residual_life_given_age() -> None:
+    from policies.empirical import mean_s, residual_s, residual_stable_s
+
+    lengths = (60, 60, 60, 60, 600, 6000, 6000, 6000, 6000)
+    assert mean_s(lengths) == sum(lengths) / len(lengths)
+    # A run that outlived the short ones is expected to last much longer: not memoryless.
+    young = residual_s(lengths, 0)
+    old = residual_s(lengths, 600)
+    assert young is not None and old is not None and old > young
+    assert old == 6000 - 600
+    assert residual_s(lengths, 6000) is None  # no run lasted longer: no evidence
+    assert residual_s((), 0) is None
+    # The quantised residual cannot change before the bound says so.
+    for age in (0, 30, 59, 61, 500, 599, 601, 3000):
+        t = residual_stable_s(lengths, age, 2.0)
+        assert t is not None and t >= 1
+        q = lambda a: None if residual_s(lengths, a) is None else round(math.log(max(1.0, residual_s(lengths, a) or 1)) / math.log(2.0))  # noqa: E731
+        assert all(q(age + k) == q(age) for k in range(t))
+
+
+def test_gbroker_judges_a_window_by_what_windows_of_its_age_did() -> None:
+    # The reclaim rate alone says windows last 10 hours on average, but every
+    # window seen lasted 2000 s: one of 1440 s has little left, so stay on
+    # on-demand, and ask again before that evidence runs out.
+    p = from_name("gbroker", empirical=True)
+    kw = dict(spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.1, lookback_s=7 * 24 * H,
+              spot_windows_s=(2000,) * 20, spot_outages_s=(H,) * 20, spot_down_s=0)
+    on_od = job(deadline_s=72 * H, current=Capacity.ONDEMAND)
+    blind = p.place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, spot_down_s=0,
+                                      spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.1,
+                                      lookback_s=7 * 24 * H))
+    assert blind.capacity is Capacity.SPOT
+    seen = p.place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw))  # type: ignore[arg-type]
+    assert seen.capacity is Capacity.ONDEMAND
+    assert seen.recheck_s is not None and seen.recheck_s <= 2000 - 2 * 720
+    # Off by default: the default policy does not read the lengths.
+    assert from_name("gbroker").place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw)).capacity is Capacity.SPOT  # type: ignore[arg-type]
