@@ -209,7 +209,9 @@ def test_burst_ends_every_node_released_in_idle_plus_a_tick_but_not_while_a_fitt
     assert early == [], early
     for node in ("spot3", "spot4"):
         resumes = [e for e in evs if e["kind"] == "node_resume" and e["node"] == node]
-        assert len(resumes) == 1 and resumes[0]["source"] == "hook", (
+        # One session per power-up. Its first record may come from the hook or from the tick
+        # that saw Slurm mark the node powering up a moment before the hook ran (a busy machine).
+        assert len(resumes) == 1 and resumes[0]["source"] in ("hook", "observed"), (
             [(e["kind"], str(e["at"]), e.get("reason", "")) for e in evs if e.get("node") == node])
     # The suspend went through the hook and closed the billed session.
     wait_for(lambda: {e["node"] for e in node_events(d.db_url) if e["kind"] == "node_suspend"
@@ -254,7 +256,7 @@ def test_a_node_whose_instance_vanishes_under_it_is_marked_down(node_daemon: Bro
         wait_for(lambda: job_state(slurm_cluster, str(job)) == "RUNNING", 120, "the job to run", d)
         # The cloud loses the instance; Slurm still believes the node is up (until SlurmdTimeout).
         LocalProvider(str(slurm_cluster.state_dir)).suspend([node])
-        wait_for(lambda: "DOWN" in slurm_cluster.node_state(node), SWEEP_GRACE_S + 4 * TICK_S,
+        wait_for(lambda: "DOWN" in slurm_cluster.node_state(node), SWEEP_GRACE_S + 4 * TICK_S + 60,
                  f"{node} marked down by the sweep", d)
         reason = slurm_cluster.run(["scontrol", "-o", "show", "node", node]).stdout
         assert "Reason=gbroker: no instance behind the node" in reason
