@@ -2,7 +2,7 @@
 on-demand $3.06/h, spot $0.918/h. Paper: greedy 30.8 on-demand h / 17.2 spot h,
 Uniform Progress 25.1 / 22.9, omniscient 20.7 / 27.4.
 
-    cd /work/main && PYTHONPATH=. python tests/bench/bench_calibration.py [--starts 100]
+    PYTHONPATH=. python tests/bench/bench_calibration.py [--starts 100]
 
 Hours are paid hours (changeovers included); the paper's add up to about W.
 """

@@ -4,7 +4,7 @@
 the same with N = 4 and N = 16 where the trace offers that many instances.
 Prints one table per setting group and the time taken.
 
-    cd /work/main && PYTHONPATH=. python tests/bench/bench_policies.py [--starts 100] [--workers 2] [--json out.json]
+    PYTHONPATH=. python tests/bench/bench_policies.py [--starts 100] [--workers 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> None:
 
     rows_out = []
     bad = []
-    print(f"# command: cd /work/main && PYTHONPATH=. python tests/bench/bench_policies.py --starts {args.starts} --workers {args.workers} --seed {args.seed}")
+    print(f"# command: PYTHONPATH=. python tests/bench/bench_policies.py --starts {args.starts} --workers {args.workers} --seed {args.seed}")
     print(f"# {len(tasks)} samples, {elapsed:.0f} s on {args.workers} processes\n")
     hdr = "| group | N | W/D | d (h) | traces | greedy gap | UP gap | gbroker gap | gbroker cost/OD | UP cost/OD | gbroker met | gbroker < UP |"
     print(hdr)
