@@ -163,7 +163,8 @@ def _charge_slurm_job(
         try:
             _charge_run(s, svc, job, att, row, book, cuts, now)
         except MissingPrice as exc:
-            log.warning("ledger: run %s of Slurm job %s stays uncharged: %s", row.restarts, sid, exc.message)
+            _warn_once(svc, ("run", sid, row.restarts),
+                       "ledger: run %s of Slurm job %s stays uncharged: %s", row.restarts, sid, exc.message)
             continue
         settled.add(key)
         done += 1
@@ -551,5 +552,14 @@ def charge_idle_stretches(svc: Any, now: datetime) -> int:
                     start=usage.started_at, end=usage.ended_at, gpus=sess.gpus, now=now,
                 )
             except MissingPrice as exc:
-                log.warning("ledger: idle time of %s not charged yet: %s", sess.node, exc.message)
+                _warn_once(svc, ("idle", usage.id), "ledger: idle time of %s not charged yet: %s",
+                           sess.node, exc.message)
     return total
+
+
+def _warn_once(svc: Any, key: tuple[object, ...], msg: str, *args: object) -> None:
+    """A missing price is retried every tick; say so once per run, not once per tick."""
+    warned: set[tuple[object, ...]] = svc.__dict__.setdefault("ledger_warned", set())
+    if key not in warned:
+        warned.add(key)
+        log.warning(msg, *args)

@@ -200,6 +200,17 @@ def request_for(
     )
 
 
+REFUSALS = (
+    "invalid account",
+    "invalid partition",
+    "invalid qos",
+    "not permitted",
+    "access denied",
+    "violates accounting/qos policy",
+    "user not found",
+)
+"""Pre-flight answers that a real submission would get too (as opposed to "no nodes free right now")."""
+
 PREFLIGHT_TTL = timedelta(minutes=10)
 """How long a passed `sbatch --test-only` vouches for the same user, account, partition and size."""
 
@@ -225,6 +236,11 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
     except SlurmUnavailable:
         return
     except SlurmError as exc:
+        if not any(marker in (exc.stderr or exc.message).lower() for marker in REFUSALS):
+            # --test-only also fails when the nodes are merely busy or powering down right now;
+            # a real submission would wait for them. Let sbatch decide.
+            log.info("pre-flight for %s inconclusive: %s", caller.name, _slurm_reason(exc))
+            return
         raise SpecError(
             f"Slurm refuses this job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account; `sacctmgr show assoc user={caller.name}` lists yours) "
