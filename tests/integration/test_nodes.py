@@ -250,6 +250,9 @@ def test_a_node_whose_instance_vanishes_under_it_is_marked_down(node_daemon: Bro
                                                                   slurm_cluster: Any) -> None:
     d = node_daemon
     node = "od2"
+    # Start from a powered-down node, so this power-up goes through the hook and the provider
+    # (an earlier test may have left it up; the manager releases it after its idle time).
+    wait_for(lambda: "POWERED_DOWN" in slurm_cluster.node_state(node), 180, f"{node} powered down first", d)
     t0 = datetime.now(UTC).replace(microsecond=0)
     job = sbatch(slurm_cluster, "-p", "ondemand", "-w", node, "--no-requeue", "--gres=gpu:1", "--wrap", "sleep 300")
     try:
