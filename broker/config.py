@@ -43,9 +43,13 @@ from broker.errors import ConfigError
 DEFAULT_CONFIG_PATH = Path("/etc/gbroker/gbroker.toml")
 
 
+SYSTEM_SOCKET = "/run/gbroker/gbroker.sock"
+
+
 def default_socket_path() -> str:
-    if os.geteuid() == 0:
-        return "/run/gbroker/gbroker.sock"
+    # Users talk to the lab's (root) daemon when there is one; otherwise to their own.
+    if os.geteuid() == 0 or os.path.exists(SYSTEM_SOCKET):
+        return SYSTEM_SOCKET
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/gbroker-{os.geteuid()}"
     return str(Path(runtime) / "gbroker.sock")
 
