@@ -96,7 +96,3 @@ def _aware(dt: datetime) -> datetime:
     from datetime import timezone
 
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
-def job_of(session, job_id: int) -> Job | None:  # type: ignore[no-untyped-def]
-    return session.get(Job, job_id)
