@@ -44,6 +44,8 @@ from policies.base import (
 )
 from policies.empirical import mean_s, residual_s, residual_stable_s
 from policies.markov import ONDEMAND, SPOT, WAIT, TableKey, build, step_probabilities
+from policies.semimarkov import EDGES, SemiKey, bucket_of, hazards
+from policies.semimarkov import build as build_semi
 from policies.rules import (
     NEVER_CHANGES_S,
     decision_of,
@@ -90,6 +92,15 @@ class GBrokerPolicy(Policy):
         empirical: bool = False,
         residual_factor: float = 2.0,
         condition: str = "window",
+        model: str = "markov",
+        min_runs: int = 8,
+        semi_condition: str = "both",
+        semi_prove: bool = False,
+        pace_margin: float | None = None,
+        recent_runs: int | None = None,
+        recent_mode: str = "window",
+        recent_blend: str = "recent",
+        idle_prove_steps: int = 0,
     ) -> None:
         """``empirical``: condition the model on the age of the current spot
         window (``condition="window"``), outage (``"outage"``) or both, using
@@ -99,6 +110,15 @@ class GBrokerPolicy(Policy):
         benchmark it lowers the mean gap but not on most settings (see
         docs/SIMULATOR.md)."""
         self.condition = condition
+        self.model = model
+        self.min_runs = min_runs
+        self.semi_condition = semi_condition
+        self.semi_prove = semi_prove
+        self.pace_margin = pace_margin
+        self.recent_runs = recent_runs
+        self.recent_mode = recent_mode
+        self.recent_blend = recent_blend
+        self.idle_prove_steps = idle_prove_steps
         self.empirical = empirical
         self.residual_factor = residual_factor
         self.step_target_s = step_target_s
@@ -130,6 +150,8 @@ class GBrokerPolicy(Policy):
             cap = Capacity.SPOT if spot else Capacity.NONE
             return placed(cap, "budget too small for on-demand: cheapest route", [net])
 
+        if self.model == "semi" and self._has_runs(market):
+            return self._place_semi(job, market, spot, net)
         table, delta = self._table(job, market)
         age_stable = self._conditional_stable_s(market)
         left = job.time_left_s
@@ -156,8 +178,106 @@ class GBrokerPolicy(Policy):
             # only for a window that has already lasted a while.
             act = ONDEMAND
             hint = min(hint, self.prove_s(job) - market.spot_up_s)
+        if (
+            self.idle_prove_steps
+            and act == SPOT
+            and job.current is Capacity.NONE
+            and market.spot_up_s is not None
+            and market.spot_up_s < self.idle_prove_steps * market.step_s
+        ):
+            act = WAIT
+            hint = min(hint, self.idle_prove_steps * market.step_s - market.spot_up_s)
+        act, hint = self._paced(job, act, hint)
         cap = _CAP[act]
         return Placement(cap, f"expected cheapest: {cap.value}", max(1, hint))
+
+    def _paced(self, job: JobView, act: int, hint: int) -> tuple[int, int]:
+        """Do not spend slack much faster than evenly over the job's window.
+
+        The table's market model can be wrong (spot outages have long
+        tails); waiting on it early can burn the slack that later, better
+        spot windows would need. Waiting is allowed while the slack spent
+        (elapsed - done) stays within the even pace plus ``pace_margin`` of
+        the whole slack; beyond that the job runs on on-demand.
+        """
+        if self.pace_margin is None or act != WAIT or job.deadline_s is None:
+            return act, hint
+        total = job.deadline_s - job.work_s - job.changeover_s
+        if total <= 0:
+            return act, hint
+        spent = job.elapsed_s - job.done_s
+        allowed = total * job.elapsed_s / job.deadline_s + self.pace_margin * total
+        if job.current is Capacity.ONDEMAND:
+            allowed -= self.pace_margin * total / 2  # hysteresis: catch up before leaving
+        if spent >= allowed:
+            # On on-demand, spent stays put while allowed grows at total / deadline per s.
+            return ONDEMAND, max(1, int((spent - allowed) * job.deadline_s / total) + 1)
+        # Waiting: spent grows 1 s per s, allowed total / deadline s per s.
+        rate = 1 - total / job.deadline_s
+        return act, min(hint, max(1, int((allowed - spent) / rate)))
+
+    def _has_runs(self, market: MarketView) -> bool:
+        return (
+            market.spot_up_s is not None
+            and market.spot_down_s is not None
+            and len(market.spot_windows_s) >= self.min_runs
+            and len(market.spot_outages_s) >= self.min_runs
+        )
+
+    def _place_semi(self, job: JobView, market: MarketView, spot: bool, net: tuple[int, int, int]) -> Placement:
+        table, delta = self._semi_table(job, market)
+        left = job.time_left_s
+        assert left is not None
+        lv = left // delta
+        r = -(-job.work_left_s // delta)
+        age_s = (market.spot_up_s if spot else market.spot_down_s) or 0
+        age = age_s // delta
+        mode = {Capacity.SPOT: "spot", Capacity.ONDEMAND: "ondemand"}.get(job.current, "idle")
+        act = table.action(mode, spot, age, lv, r)
+        if act == SPOT and not spot:
+            act = WAIT
+        b = bucket_of(age)
+        if b + 1 < len(EDGES):
+            to_next_bucket = (EDGES[b + 1] - age) * delta - age_s % delta
+        else:
+            to_next_bucket = NEVER_CHANGES_S
+        arr = table.array(mode, spot)[:, b, :]
+        hint = min(self._hint_arr(arr, table.key.l_max, table.key.r_max, act, lv, r, left, delta), to_next_bucket)
+        if (
+            self.semi_prove
+            and act == SPOT
+            and job.current is Capacity.ONDEMAND
+            and market.spot_up_s is not None
+            and market.spot_up_s < self.prove_s(job)
+        ):
+            act = ONDEMAND
+            hint = min(hint, self.prove_s(job) - market.spot_up_s)
+        stable = stable_for([net])
+        if stable is not None:
+            hint = min(hint, stable)
+        act, hint = self._paced(job, act, hint)
+        cap = _CAP[act]
+        return Placement(cap, f"expected cheapest: {cap.value}", max(1, hint))
+
+    def _semi_table(self, job: JobView, market: MarketView):  # type: ignore[no-untyped-def]
+        d = job.changeover_s
+        if d <= 0:
+            c, delta = 0, self.step_target_s
+        else:
+            c = max(1, round(d / self.step_target_s))
+            delta = max(1, self.min_step_s, d // c)
+        ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
+        w, o = market.spot_windows_s, market.spot_outages_s
+        key = SemiKey(
+            delta_s=delta,
+            c=c,
+            r_max=_round_up(-(-job.work_s // delta), TABLE_REACH_S // delta),
+            l_max=_round_up(-(-(job.deadline_s or 0) // delta), TABLE_REACH_S // delta),
+            h_up=hazards(w if self.semi_condition != "outage" else (), delta, delta / max(delta, sum(w) / len(w))),
+            h_down=hazards(o if self.semi_condition != "window" else (), delta, delta / max(delta, sum(o) / len(o))),
+            spot_ratio=round(min(1.0, ratio) * 20) / 20,
+        )
+        return build_semi(key), delta
 
     def on_preempt(
         self, job: JobView, history: Sequence[AttemptView], market: MarketView
@@ -199,6 +319,8 @@ class GBrokerPolicy(Policy):
             delta = max(1, self.min_step_s, d // c)
         up, rate = self._observed(market)
         p, q = step_probabilities(rate, up, delta)
+        if self.recent_runs:
+            p, q = self._recent(market, delta, p, q)
         if self.empirical:
             p, q = self._conditional(market, delta, p, q)
         ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
@@ -214,6 +336,25 @@ class GBrokerPolicy(Policy):
             spot_ratio=round(min(1.0, ratio) * 20) / 20,
         )
         return build(key), delta
+
+    def _recent(self, market: MarketView, delta: int, p: float, q: float) -> tuple[float, float]:
+        k = self.recent_runs or 0
+
+        def est(runs: tuple[int, ...], base: float) -> float:
+            if len(runs) < k:
+                return base
+            m = sum(runs[-k:]) / k
+            pr = 1 - math.exp(-delta / max(1.0, _quantise_log(m, 1.4)))
+            if self.recent_blend == "recent":
+                return pr
+            if self.recent_blend == "max":
+                return max(pr, base)
+            return math.sqrt(pr * base)
+
+        p = est(market.spot_windows_s, p)
+        if self.recent_mode == "both":
+            q = est(market.spot_outages_s, q)
+        return p, q
 
     def _conditional_stable_s(self, market: MarketView) -> int | None:
         """How long the model chosen by ``_conditional`` stays the same as the current run ages."""
@@ -263,8 +404,8 @@ class GBrokerPolicy(Policy):
         up = round(min(max(up, 0.02), 0.98) * 20) / 20
         return up, _quantise_log(rate, 1.4)
 
-    @staticmethod
-    def _hint(table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
+    @classmethod
+    def _hint(cls, table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
         """Seconds the table's answer certainly stays ``act``.
 
         Time left drops one table step every ``delta`` seconds; work left drops
@@ -277,9 +418,12 @@ class GBrokerPolicy(Policy):
             arr = table.od_up if spot else table.od_down
         else:
             arr = table.idle_up if spot else table.idle_down
-        key = table.key
-        lv = min(lv, key.l_max)
-        r = min(r, key.r_max)
+        return cls._hint_arr(arr, table.key.l_max, table.key.r_max, act, lv, r, left, delta)
+
+    @staticmethod
+    def _hint_arr(arr, l_max: int, r_max: int, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
+        lv = min(lv, l_max)
+        r = min(r, r_max)
         first_drop = left - lv * delta + 1  # seconds until lv becomes lv - 1
         if r <= 0 or r > lv:
             return first_drop
