@@ -21,6 +21,9 @@ Then the rules that hold whatever the model says:
 - no deadline: spot when available, otherwise wait; after ``patience_s``
   without spot (default: the larger of 12 hours and the work left) on-demand,
   back to spot when it returns. Nothing waits forever;
+- pacing: waiting may not spend the slack much faster than evenly over the
+  job's window (``pace_margin``), because a wrong model would otherwise burn
+  early the slack that later spot windows need;
 - a group whose remaining budget cannot pay for the job on on-demand gets
   the cheapest route the deadline allows: spot whenever there is slack.
 """
@@ -44,8 +47,6 @@ from policies.base import (
 )
 from policies.empirical import mean_s, residual_s, residual_stable_s
 from policies.markov import ONDEMAND, SPOT, WAIT, TableKey, build, step_probabilities
-from policies.semimarkov import EDGES, SemiKey, bucket_of, hazards
-from policies.semimarkov import build as build_semi
 from policies.rules import (
     NEVER_CHANGES_S,
     decision_of,
@@ -92,15 +93,7 @@ class GBrokerPolicy(Policy):
         empirical: bool = False,
         residual_factor: float = 2.0,
         condition: str = "window",
-        model: str = "markov",
-        min_runs: int = 8,
-        semi_condition: str = "both",
-        semi_prove: bool = False,
-        pace_margin: float | None = None,
-        recent_runs: int | None = None,
-        recent_mode: str = "window",
-        recent_blend: str = "recent",
-        idle_prove_steps: int = 0,
+        pace_margin: float | None = 0.35,
     ) -> None:
         """``empirical``: condition the model on the age of the current spot
         window (``condition="window"``), outage (``"outage"``) or both, using
@@ -108,17 +101,13 @@ class GBrokerPolicy(Policy):
         ``spot_outages_s`` (``policies.empirical``); expected times left are
         quantised to powers of ``residual_factor``. Off by default: on the
         benchmark it lowers the mean gap but not on most settings (see
-        docs/SIMULATOR.md)."""
+        docs/SIMULATOR.md).
+
+        ``pace_margin``: how far ahead of an even pace (as a share of the
+        job's whole slack) waiting may spend slack before the job goes to
+        on-demand (``_paced``); None turns pacing off."""
         self.condition = condition
-        self.model = model
-        self.min_runs = min_runs
-        self.semi_condition = semi_condition
-        self.semi_prove = semi_prove
         self.pace_margin = pace_margin
-        self.recent_runs = recent_runs
-        self.recent_mode = recent_mode
-        self.recent_blend = recent_blend
-        self.idle_prove_steps = idle_prove_steps
         self.empirical = empirical
         self.residual_factor = residual_factor
         self.step_target_s = step_target_s
@@ -150,8 +139,6 @@ class GBrokerPolicy(Policy):
             cap = Capacity.SPOT if spot else Capacity.NONE
             return placed(cap, "budget too small for on-demand: cheapest route", [net])
 
-        if self.model == "semi" and self._has_runs(market):
-            return self._place_semi(job, market, spot, net)
         table, delta = self._table(job, market)
         age_stable = self._conditional_stable_s(market)
         left = job.time_left_s
@@ -178,106 +165,38 @@ class GBrokerPolicy(Policy):
             # only for a window that has already lasted a while.
             act = ONDEMAND
             hint = min(hint, self.prove_s(job) - market.spot_up_s)
-        if (
-            self.idle_prove_steps
-            and act == SPOT
-            and job.current is Capacity.NONE
-            and market.spot_up_s is not None
-            and market.spot_up_s < self.idle_prove_steps * market.step_s
-        ):
-            act = WAIT
-            hint = min(hint, self.idle_prove_steps * market.step_s - market.spot_up_s)
-        act, hint = self._paced(job, act, hint)
+        act, hint, paced = self._paced(job, act, hint)
         cap = _CAP[act]
-        return Placement(cap, f"expected cheapest: {cap.value}", max(1, hint))
+        reason = "slack spent ahead of pace: on-demand" if paced else f"expected cheapest: {cap.value}"
+        return Placement(cap, reason, max(1, hint))
 
-    def _paced(self, job: JobView, act: int, hint: int) -> tuple[int, int]:
+    def _paced(self, job: JobView, act: int, hint: int) -> tuple[int, int, bool]:
         """Do not spend slack much faster than evenly over the job's window.
 
-        The table's market model can be wrong (spot outages have long
-        tails); waiting on it early can burn the slack that later, better
-        spot windows would need. Waiting is allowed while the slack spent
-        (elapsed - done) stays within the even pace plus ``pace_margin`` of
-        the whole slack; beyond that the job runs on on-demand.
+        The table's market model can be wrong: outages have long tails, and
+        waiting on the model early can burn the slack that later, better spot
+        windows would need (the job is then stuck on on-demand to the end).
+        Waiting is allowed while the slack spent so far (elapsed - done) is
+        below the even pace (the whole slack spread over the deadline) plus
+        ``pace_margin`` of the whole slack; past that the job runs on
+        on-demand, and leaves it to wait again only once it is back under the
+        pace by half the margin. Returns (action, hint, paced).
         """
         if self.pace_margin is None or act != WAIT or job.deadline_s is None:
-            return act, hint
+            return act, hint, False
         total = job.deadline_s - job.work_s - job.changeover_s
         if total <= 0:
-            return act, hint
+            return act, hint, False
         spent = job.elapsed_s - job.done_s
         allowed = total * job.elapsed_s / job.deadline_s + self.pace_margin * total
         if job.current is Capacity.ONDEMAND:
-            allowed -= self.pace_margin * total / 2  # hysteresis: catch up before leaving
+            allowed -= self.pace_margin * total / 2
         if spent >= allowed:
-            # On on-demand, spent stays put while allowed grows at total / deadline per s.
-            return ONDEMAND, max(1, int((spent - allowed) * job.deadline_s / total) + 1)
+            # On on-demand, spent stays put while allowed grows by total / deadline per s.
+            return ONDEMAND, min(hint, max(1, int((spent - allowed) * job.deadline_s / total) + 1)), True
         # Waiting: spent grows 1 s per s, allowed total / deadline s per s.
         rate = 1 - total / job.deadline_s
-        return act, min(hint, max(1, int((allowed - spent) / rate)))
-
-    def _has_runs(self, market: MarketView) -> bool:
-        return (
-            market.spot_up_s is not None
-            and market.spot_down_s is not None
-            and len(market.spot_windows_s) >= self.min_runs
-            and len(market.spot_outages_s) >= self.min_runs
-        )
-
-    def _place_semi(self, job: JobView, market: MarketView, spot: bool, net: tuple[int, int, int]) -> Placement:
-        table, delta = self._semi_table(job, market)
-        left = job.time_left_s
-        assert left is not None
-        lv = left // delta
-        r = -(-job.work_left_s // delta)
-        age_s = (market.spot_up_s if spot else market.spot_down_s) or 0
-        age = age_s // delta
-        mode = {Capacity.SPOT: "spot", Capacity.ONDEMAND: "ondemand"}.get(job.current, "idle")
-        act = table.action(mode, spot, age, lv, r)
-        if act == SPOT and not spot:
-            act = WAIT
-        b = bucket_of(age)
-        if b + 1 < len(EDGES):
-            to_next_bucket = (EDGES[b + 1] - age) * delta - age_s % delta
-        else:
-            to_next_bucket = NEVER_CHANGES_S
-        arr = table.array(mode, spot)[:, b, :]
-        hint = min(self._hint_arr(arr, table.key.l_max, table.key.r_max, act, lv, r, left, delta), to_next_bucket)
-        if (
-            self.semi_prove
-            and act == SPOT
-            and job.current is Capacity.ONDEMAND
-            and market.spot_up_s is not None
-            and market.spot_up_s < self.prove_s(job)
-        ):
-            act = ONDEMAND
-            hint = min(hint, self.prove_s(job) - market.spot_up_s)
-        stable = stable_for([net])
-        if stable is not None:
-            hint = min(hint, stable)
-        act, hint = self._paced(job, act, hint)
-        cap = _CAP[act]
-        return Placement(cap, f"expected cheapest: {cap.value}", max(1, hint))
-
-    def _semi_table(self, job: JobView, market: MarketView):  # type: ignore[no-untyped-def]
-        d = job.changeover_s
-        if d <= 0:
-            c, delta = 0, self.step_target_s
-        else:
-            c = max(1, round(d / self.step_target_s))
-            delta = max(1, self.min_step_s, d // c)
-        ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
-        w, o = market.spot_windows_s, market.spot_outages_s
-        key = SemiKey(
-            delta_s=delta,
-            c=c,
-            r_max=_round_up(-(-job.work_s // delta), TABLE_REACH_S // delta),
-            l_max=_round_up(-(-(job.deadline_s or 0) // delta), TABLE_REACH_S // delta),
-            h_up=hazards(w if self.semi_condition != "outage" else (), delta, delta / max(delta, sum(w) / len(w))),
-            h_down=hazards(o if self.semi_condition != "window" else (), delta, delta / max(delta, sum(o) / len(o))),
-            spot_ratio=round(min(1.0, ratio) * 20) / 20,
-        )
-        return build_semi(key), delta
+        return act, min(hint, max(1, int((allowed - spent) / rate))), False
 
     def on_preempt(
         self, job: JobView, history: Sequence[AttemptView], market: MarketView
@@ -319,8 +238,6 @@ class GBrokerPolicy(Policy):
             delta = max(1, self.min_step_s, d // c)
         up, rate = self._observed(market)
         p, q = step_probabilities(rate, up, delta)
-        if self.recent_runs:
-            p, q = self._recent(market, delta, p, q)
         if self.empirical:
             p, q = self._conditional(market, delta, p, q)
         ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
@@ -336,25 +253,6 @@ class GBrokerPolicy(Policy):
             spot_ratio=round(min(1.0, ratio) * 20) / 20,
         )
         return build(key), delta
-
-    def _recent(self, market: MarketView, delta: int, p: float, q: float) -> tuple[float, float]:
-        k = self.recent_runs or 0
-
-        def est(runs: tuple[int, ...], base: float) -> float:
-            if len(runs) < k:
-                return base
-            m = sum(runs[-k:]) / k
-            pr = 1 - math.exp(-delta / max(1.0, _quantise_log(m, 1.4)))
-            if self.recent_blend == "recent":
-                return pr
-            if self.recent_blend == "max":
-                return max(pr, base)
-            return math.sqrt(pr * base)
-
-        p = est(market.spot_windows_s, p)
-        if self.recent_mode == "both":
-            q = est(market.spot_outages_s, q)
-        return p, q
 
     def _conditional_stable_s(self, market: MarketView) -> int | None:
         """How long the model chosen by ``_conditional`` stays the same as the current run ages."""

@@ -18,9 +18,9 @@ from broker.sim.trace import load_traces
 ROOT = Path(__file__).resolve().parents[3] / "shared/traces/spot"
 AVAIL = ROOT / "availability/1-node/aws-10-26-2022"
 SETS = {
-    "V100 availability traces (4)": sorted(AVAIL.glob("*v100*.json")),
-    "all 1-node availability traces (V100 + K80, 9)": sorted(AVAIL.glob("*.json")),
-    "V100 preemption traces (4)": sorted((ROOT / "preemption/1-node/aws-04-22-2023").glob("*.json")),
+    "V100 availability traces": sorted(AVAIL.glob("*v100*.json")),
+    "all 1-node availability traces (V100 + K80)": sorted(AVAIL.glob("*.json")),
+    "V100 preemption traces": sorted((ROOT / "preemption/1-node/aws-04-22-2023").glob("*.json")),
 }
 PAPER = {"greedy": (30.8, 17.2), "uniform-progress": (25.1, 22.9), "omniscient": (20.7, 27.4)}
 NAMES = ["greedy", "uniform-progress", "gbroker", "omniscient"]
@@ -36,7 +36,7 @@ def main() -> None:
     for title, files in SETS.items():
         traces = load_traces(files)
         rows = summarize(simulate(traces, NAMES, s, starts=args.starts, seed=0, workers=args.workers), NAMES)
-        print(f"\n{title}, {args.starts} starts each")
+        print(f"\n{title}: {len(files)} traces, {args.starts} starts each")
         print("| policy | on-demand h | spot h | paper OD h / spot h | cost / all-on-demand | gap to optimum |")
         print("|---|---|---|---|---|---|")
         for r in rows:

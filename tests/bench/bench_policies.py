@@ -110,6 +110,37 @@ def main() -> None:
             )
             rows_out.append({"group": group, "setting": s.describe(), "summary": list(summ.values()),
                              "per_trace_wins": wins, "traces": len(per_trace)})
+    print("\nPer setting, all traces of that gang size together:\n")
+    print("| N | W/D | d (h) | traces | greedy gap | UP gap | gbroker gap | greedy cost/OD | UP cost/OD "
+          "| gbroker cost/OD | optimum cost/OD | gbroker < UP (traces) |")
+    print("|" + "---|" * 12)
+    for si, (s, ks) in enumerate(combos):
+        summ = {r["policy"]: r for r in summarize(results[si], NAMES)}
+        per_trace = defaultdict(list)
+        for x in results[si]:
+            per_trace[x.trace].append(x)
+        wins = 0
+        for ts in per_trace.values():
+            ss = {r["policy"]: r for r in summarize(ts, NAMES)}
+            wins += ss["gbroker"]["gap_to_optimal_mean"] <= ss["uniform-progress"]["gap_to_optimal_mean"]
+        g, u, o, b = (summ[n] for n in ("greedy", "uniform-progress", "gbroker", "omniscient"))
+        best = min(("greedy", "uniform-progress", "gbroker"), key=lambda n: summ[n]["gap_to_optimal_mean"])
+        cells = {n: f"{100 * summ[n]['gap_to_optimal_mean']:.1f}%" for n in ("greedy", "uniform-progress", "gbroker")}
+        cells[best] = f"**{cells[best]}**"
+        print(
+            f"| {s.nodes} | {s.work_s / s.deadline_s:.1f} | {s.changeover_s / 3600:g} | {len(ks)} | "
+            f"{cells['greedy']} | {cells['uniform-progress']} | {cells['gbroker']} | "
+            f"{g['cost_ratio_mean']:.3f} | {u['cost_ratio_mean']:.3f} | {o['cost_ratio_mean']:.3f} | "
+            f"{b['cost_ratio_mean']:.3f} | {wins}/{len(per_trace)} |"
+        )
+    print("\nBy trace set (every setting, every sample):\n")
+    print("| trace set | samples | greedy gap | UP gap | gbroker gap |")
+    print("|---|---|---|---|---|")
+    for label, prefix in (("availability/*", "spot/availability"), ("preemption/*", "spot/preemption")):
+        smps = [x for si in results for x in results[si] if x.trace.startswith(prefix)]
+        summ = {r["policy"]: r for r in summarize(smps, NAMES)}
+        print(f"| {label} | {len(smps)} | " + " | ".join(
+            f"{100 * summ[n]['gap_to_optimal_mean']:.1f}%" for n in ("greedy", "uniform-progress", "gbroker")) + " |")
     allrows = {n: [] for n in NAMES}
     for si in results:
         for r in summarize(results[si], NAMES):

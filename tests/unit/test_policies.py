@@ -207,3 +207,26 @@ def test_gbroker_judges_a_window_by_what_windows_of_its_age_did() -> None:
     assert seen.recheck_s is not None and seen.recheck_s <= 2000 - 2 * 720
     # Off by default: the default policy does not read the lengths.
     assert from_name("gbroker").place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw)).capacity is Capacity.SPOT  # type: ignore[arg-type]
+
+
+def test_gbroker_paces_waiting_so_slack_is_not_burnt_early() -> None:
+    # W 48 h, D 60 h, d 0.2 h: 11.8 h of slack; margin 0.35 -> 4.13 h ahead of the even pace.
+    paced, unpaced = from_name("gbroker"), from_name("gbroker", pace_margin=None)
+    calm_down = MarketView(spot_available=0, spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2,
+                           lookback_s=7 * 24 * H, spot_down_s=H)
+    early = job(elapsed_s=4 * H)  # spent 4 h, allowed 0.79 + 4.13 h: may wait
+    pl = paced.place(early, calm_down)
+    assert pl.capacity is Capacity.NONE
+    # Told when waiting would cross the pace: (4.92 h - 4 h) / (1 - 11.8 / 60) = 1.14 h.
+    assert pl.recheck_s is not None and pl.recheck_s <= int(0.922 * H / (1 - 11.8 / 60)) + 1
+    late = job(elapsed_s=6 * H)  # spent 6 h, allowed 1.18 + 4.13 h
+    assert unpaced.place(late, calm_down).capacity is Capacity.NONE  # the model alone would wait on
+    pl = paced.place(late, calm_down)
+    assert pl.capacity is Capacity.ONDEMAND and "pace" in pl.reason
+    # On on-demand it stays until it is back under the pace by half the margin.
+    # D 96 h: 47.8 h of slack, margin 16.7 h; at 30 h the pace allows 14.9 + 16.7 h, on on-demand 8.4 h less.
+    on_od = job(deadline_s=96 * H, elapsed_s=30 * H, done_s=5 * H, current=Capacity.ONDEMAND)  # spent 25 h
+    assert unpaced.place(on_od, calm_down).capacity is Capacity.NONE
+    assert paced.place(on_od, calm_down).capacity is Capacity.ONDEMAND
+    caught_up = job(deadline_s=96 * H, elapsed_s=30 * H, done_s=10 * H, current=Capacity.ONDEMAND)  # spent 20 h
+    assert paced.place(caught_up, calm_down).capacity is Capacity.NONE
