@@ -59,6 +59,8 @@ class Services:
     """Serialises writers inside the daemon (API threads and the reconcile tick)."""
     market: Any = None
     """The last MarketView built by the reconcile tick (observed reclaim rate...)."""
+    market_at: datetime | None = None
+    """When ``market`` was built; a gang's own view is derived as of that moment."""
     inflight: set[int] = field(default_factory=set)
     """Attempt ids whose sbatch is under way in this process: the tick leaves them alone."""
     slurm_down_since: datetime | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from broker.slurm.backend import NodeInfo
@@ -46,33 +46,52 @@ class SpotObserver:
         return available
 
     def summary(self, now: datetime, need: int = 1) -> dict[str, object]:
-        """MarketView fields for a job that needs `need` spot nodes at once."""
+        """MarketView fields for a job that needs `need` spot nodes at once.
+
+        A gang of `need` nodes has spot while at least `need` spot nodes are
+        available; its windows and outages are the runs of that condition.
+        Only runs that began and ended inside the kept history are listed
+        (the first is cut by the start of the history, the last still goes on).
+        """
         with self.lock:
             samples = list(self.samples)
         if not samples:
             return {}
         up_s = down_s = 0.0
-        for (t0, n0), (t1, _) in zip(samples, samples[1:]):
+        runs: list[tuple[bool, float]] = []  # (up, seconds), in order
+        for (t0, n0), (t1, _) in zip(samples, samples[1:], strict=False):
             span = (t1 - t0).total_seconds()
-            if n0 >= need:
+            up = n0 >= need
+            if up:
                 up_s += span
             else:
                 down_s += span
+            if runs and runs[-1][0] == up:
+                runs[-1] = (up, runs[-1][1] + span)
+            else:
+                runs.append((up, span))
         available = samples[-1][1]
+        now_up = available >= need
         # How long the current state has lasted.
         streak_start = samples[-1][0]
         for t, n in reversed(samples):
-            if (n >= need) != (available >= need):
+            if (n >= need) != now_up:
                 break
             streak_start = t
         streak = int((now - streak_start).total_seconds())
+        # The last run may be the current state still going on; the first is cut.
+        if runs and runs[-1][0] == now_up:
+            runs.pop()
+        done = runs[1:]
         lookback = up_s + down_s
         return {
             "spot_available": available,
             "spot_uptime_fraction": (up_s / lookback) if lookback > 0 else None,
             "lookback_s": int(lookback),
-            "spot_up_s": streak if available >= need else 0,
-            "spot_down_s": 0 if available >= need else streak,
+            "spot_up_s": streak if now_up else 0,
+            "spot_down_s": 0 if now_up else streak,
+            "spot_windows_s": tuple(int(x) for u, x in done if u),
+            "spot_outages_s": tuple(int(x) for u, x in done if not u),
         }
 
 
@@ -82,6 +101,16 @@ def observer(svc: object) -> SpotObserver:
         obs = SpotObserver()
         svc.spot_observer = obs  # type: ignore[attr-defined]
     return obs
+
+
+def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
+    """``market`` as a gang of ``nodes`` nodes sees it: its own availability streaks and runs."""
+    obs = getattr(svc, "spot_observer", None)
+    at = getattr(svc, "market_at", None)
+    if nodes <= 1 or obs is None or at is None:
+        return market
+    fields = obs.summary(at, nodes)
+    return replace(market, **fields) if fields else market
 
 
 def build_market(svc: object, session: object, now: datetime, reclaim_rate: float, need: int = 1) -> MarketView:

@@ -78,8 +78,11 @@ def observed_reclaim_rate(session, now: datetime) -> float:  # type: ignore[no-u
     return reclaims / hours if hours > 0 else 0.0
 
 
-def market_view(svc) -> MarketView:  # type: ignore[no-untyped-def]
-    return getattr(svc, "market", None) or MarketView()
+def market_view(svc, nodes: int = 1) -> MarketView:  # type: ignore[no-untyped-def]
+    """The market as of the last tick, as a gang of ``nodes`` nodes sees it."""
+    from broker.service.market import for_gang
+
+    return for_gang(svc, getattr(svc, "market", None) or MarketView(), nodes)
 
 
 def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:

@@ -94,6 +94,7 @@ def reconcile(svc: Services) -> None:
 
     with svc.tx() as s:
         svc.market = build_market(svc, s, now, observed_reclaim_rate(s, now))
+        svc.market_at = now
         pairs = active_with_latest(s)
         need_history: dict[int, tuple[Job, Attempt]] = {}
         unconfirmed: list[tuple[Job, Attempt]] = []
@@ -216,7 +217,7 @@ def _deadline_fallback(
         spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
         reclaims=job.reclaims or 0, current=Capacity.NONE,
     )
-    placement = svc.policy.place(view, market_view(svc))
+    placement = svc.policy.place(view, market_view(svc, spec.nodes))
     if placement.capacity != Capacity.ONDEMAND:
         return
     partition = svc.settings.ondemand_partition
@@ -340,7 +341,7 @@ def _recover(
         reclaims=job.reclaims or 0,
         current=Capacity.NONE,
     )
-    decision = svc.policy.on_preempt(view, attempt_views(attempts), market_view(svc))
+    decision = svc.policy.on_preempt(view, attempt_views(attempts), market_view(svc, spec.nodes))
     lost = f"{att.lost_s}s of work lost" if att.lost_s is not None else "lost work unknown"
     store.add_event(
         s, att.state.value,

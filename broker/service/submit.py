@@ -59,7 +59,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         capacity = capacity_of_partition(svc.settings, partition)
         placed_by = "user"
     else:
-        placement = svc.policy.place(job_view(spec, now=now), market_view(svc))
+        placement = svc.policy.place(job_view(spec, now=now), market_view(svc, spec.nodes))
         capacity = placement.capacity.value if placement.capacity.value != "none" else "spot"
         partition = svc.settings.partition_for(capacity)
         placed_by = f"{svc.policy.name}: {placement.reason}"

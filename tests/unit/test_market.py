@@ -38,3 +38,39 @@ def test_old_samples_leave_the_window() -> None:
     obs.observe([node("spot1", NodeState.IDLE, "idle")], "spot", T)
     obs.observe([node("spot1", NodeState.IDLE, "idle")], "spot", T + timedelta(days=8))
     assert len(obs.samples) == 1
+
+
+def test_a_gang_sees_its_own_windows_and_outages() -> None:
+    obs = SpotObserver()
+    n = lambda k: [node(f"spot{i}", NodeState.IDLE, "idle") for i in range(k)]  # noqa: E731
+    # available nodes over time: 4 (0-100 s), 2 (100-400), 4 (400-1000), 2 (1000-1300), 4 (1300-)
+    for t, k in [(0, 4), (100, 2), (400, 4), (1000, 2), (1300, 4), (1350, 4)]:
+        obs.observe(n(k), "spot", T + timedelta(seconds=t))
+    now = T + timedelta(seconds=1400)
+    one = obs.summary(now, need=1)
+    assert one["spot_windows_s"] == () and one["spot_outages_s"] == ()  # always up: one run, still going
+    gang = obs.summary(now, need=3)
+    # The first window is cut by the start of the history, the last still goes on.
+    assert gang["spot_windows_s"] == (600,)
+    assert gang["spot_outages_s"] == (300, 300)
+    assert gang["spot_up_s"] == 100 and gang["spot_down_s"] == 0
+    assert abs(gang["spot_uptime_fraction"] - 750 / 1350) < 1e-9
+
+
+def test_the_daemon_gives_each_gang_its_own_market() -> None:
+    from types import SimpleNamespace
+
+    from broker.service.placement import market_view
+    from policies import MarketView
+
+    obs = SpotObserver()
+    for t, k in [(0, 4), (100, 2), (400, 2)]:
+        obs.observe([node(f"spot{i}", NodeState.IDLE, "idle") for i in range(k)], "spot", T + timedelta(seconds=t))
+    at = T + timedelta(seconds=450)
+    svc = SimpleNamespace(spot_observer=obs, market_at=at,
+                          market=MarketView(spot_reclaim_rate_per_hour=0.5, **obs.summary(at, 1)))  # type: ignore[arg-type]
+    single, gang = market_view(svc, 1), market_view(svc, 3)
+    assert single.spot_up_s == 450 and single.spot_down_s == 0
+    assert gang.spot_up_s == 0 and gang.spot_down_s == 350
+    assert gang.spot_reclaim_rate_per_hour == 0.5 and gang.spot_available == 2
+    assert market_view(SimpleNamespace(), 3) == MarketView()  # no tick yet: the defaults
