@@ -196,6 +196,8 @@ class GBrokerPolicy(Policy):
             return ONDEMAND, min(hint, max(1, int((spent - allowed) * job.deadline_s / total) + 1)), True
         # Waiting: spent grows 1 s per s, allowed total / deadline s per s.
         rate = 1 - total / job.deadline_s
+        if rate <= 0:
+            return act, hint, False
         return act, min(hint, max(1, int((allowed - spent) / rate))), False
 
     def on_preempt(
