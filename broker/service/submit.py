@@ -159,6 +159,22 @@ def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> S
     )
 
 
+SIGNAL_RESOLUTION_S = 60
+"""sbatch(1) on --signal: "the signal may be sent up to 60 seconds earlier than specified"."""
+
+
+def warning_lead_s(spec: JobSpec) -> int | None:
+    """The warning lead to ask Slurm for, or None when the job is too short for one.
+
+    Slurm may send the warning up to a minute early; for a job whose time
+    limit is within a minute of its lead, that can be before the batch script
+    has installed its handler, and the signal would kill the job at its start.
+    """
+    if spec.time_limit_s - spec.signal_lead_s < SIGNAL_RESOLUTION_S:
+        return None
+    return spec.signal_lead_s
+
+
 def request_for(
     spec: JobSpec,
     *,
@@ -179,7 +195,7 @@ def request_for(
         attempt=attempt_number,
         checkpoint_dir=checkpoint_dir,
         resume_from=checkpoint_dir if attempt_number > 1 else None,
-        warning_signal_s=spec.signal_lead_s,
+        warning_signal_s=warning_lead_s(spec),
         **program,  # type: ignore[arg-type]
     )
     return SubmitRequest(
@@ -196,7 +212,7 @@ def request_for(
         output=f"{workdir}/gbroker-{job_id}.out",
         requeue=capacity == Capacity.SPOT,
         env=dict(spec.env),
-        signal=f"B:USR1@{spec.signal_lead_s}",
+        signal=None if warning_lead_s(spec) is None else f"B:USR1@{warning_lead_s(spec)}",
     )
 
 

@@ -1,0 +1,41 @@
+"""The time-limit warning is asked of Slurm only when it cannot arrive at the job's start."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from broker.service.submit import request_for, warning_lead_s
+from broker.spec import parse_spec
+from policies import Capacity
+
+NOW = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
+
+
+def spec(time_limit: str, **extra: object):  # type: ignore[no-untyped-def]
+    data = {"name": "w", "group": "vision", "time_limit": time_limit, "command": ["sleep", "5"], **extra}
+    return parse_spec(data, now=NOW)
+
+
+def request(sp):  # type: ignore[no-untyped-def]
+    return request_for(sp, job_id=7, key="gb-0123456789ab", attempt_number=1, partition="spot",
+                       capacity=Capacity.SPOT, owner_name="alice")
+
+
+def test_long_job_gets_the_warning_it_asked_for() -> None:
+    sp = spec("1h")
+    assert warning_lead_s(sp) == 120
+    req = request(sp)
+    assert req.signal == "B:USR1@120"
+    assert "GBROKER_WARNING_SECONDS=120" in req.script
+
+
+def test_short_job_gets_no_warning_that_could_come_at_its_start() -> None:
+    # 1 minute, lead 30 s: Slurm may send it up to 60 s early, i.e. at once.
+    sp = spec("1m")
+    assert sp.signal_lead_s == 30 and warning_lead_s(sp) is None
+    req = request(sp)
+    assert req.signal is None
+    assert "GBROKER_WARNING_SECONDS" not in req.script
+    # Exactly a minute between the lead and the limit is enough.
+    assert warning_lead_s(spec("3m", signal_lead_s=120)) == 120
+    assert warning_lead_s(spec("3m", signal_lead_s=121)) is None
