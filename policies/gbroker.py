@@ -304,8 +304,8 @@ class GBrokerPolicy(Policy):
         up = round(min(max(up, 0.02), 0.98) * 20) / 20
         return up, _quantise_log(rate, 1.4)
 
-    @classmethod
-    def _hint(cls, table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
+    @staticmethod
+    def _hint(table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
         """Seconds the table's answer certainly stays ``act``.
 
         Time left drops one table step every ``delta`` seconds; work left drops
@@ -318,12 +318,9 @@ class GBrokerPolicy(Policy):
             arr = table.od_up if spot else table.od_down
         else:
             arr = table.idle_up if spot else table.idle_down
-        return cls._hint_arr(arr, table.key.l_max, table.key.r_max, act, lv, r, left, delta)
-
-    @staticmethod
-    def _hint_arr(arr, l_max: int, r_max: int, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
-        lv = min(lv, l_max)
-        r = min(r, r_max)
+        key = table.key
+        lv = min(lv, key.l_max)
+        r = min(r, key.r_max)
         first_drop = left - lv * delta + 1  # seconds until lv becomes lv - 1
         if r <= 0 or r > lv:
             return first_drop

@@ -57,15 +57,10 @@ class SpotObserver:
             samples = list(self.samples)
         if not samples:
             return {}
-        up_s = down_s = 0.0
         runs: list[tuple[bool, float]] = []  # (up, seconds), in order
         for (t0, n0), (t1, _) in zip(samples, samples[1:], strict=False):
             span = (t1 - t0).total_seconds()
             up = n0 >= need
-            if up:
-                up_s += span
-            else:
-                down_s += span
             if runs and runs[-1][0] == up:
                 runs[-1] = (up, runs[-1][1] + span)
             else:
@@ -79,11 +74,12 @@ class SpotObserver:
                 break
             streak_start = t
         streak = int((now - streak_start).total_seconds())
+        up_s = sum(x for u, x in runs if u)
+        lookback = sum(x for _, x in runs)
         # The last run may be the current state still going on; the first is cut.
         if runs and runs[-1][0] == now_up:
             runs.pop()
         done = runs[1:]
-        lookback = up_s + down_s
         return {
             "spot_available": available,
             "spot_uptime_fraction": (up_s / lookback) if lookback > 0 else None,
@@ -109,8 +105,16 @@ def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
     at = getattr(svc, "market_at", None)
     if nodes <= 1 or obs is None or at is None:
         return market
-    fields = obs.summary(at, nodes)
-    return replace(market, **fields) if fields else market
+    # Every job of a tick asks as of the same moment: one summary per gang size.
+    cache: dict[tuple[datetime, int], MarketView] = svc.__dict__.setdefault("gang_markets", {})
+    key = (at, nodes)
+    view = cache.get(key)
+    if view is None:
+        if cache and next(iter(cache))[0] != at:
+            cache.clear()
+        fields = obs.summary(at, nodes)
+        view = cache[key] = replace(market, **fields) if fields else market
+    return view
 
 
 def build_market(svc: object, session: object, now: datetime, reclaim_rate: float, need: int = 1) -> MarketView:

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from broker.config import Settings
 from broker.db.models import Attempt, Job
 from broker.errors import SpecError
+from broker.service.market import for_gang
 from broker.spec import JobSpec
 from policies import AttemptView, Capacity, JobView, MarketView
 
@@ -80,8 +81,6 @@ def observed_reclaim_rate(session, now: datetime) -> float:  # type: ignore[no-u
 
 def market_view(svc, nodes: int = 1) -> MarketView:  # type: ignore[no-untyped-def]
     """The market as of the last tick, as a gang of ``nodes`` nodes sees it."""
-    from broker.service.market import for_gang
-
     return for_gang(svc, getattr(svc, "market", None) or MarketView(), nodes)
 
 

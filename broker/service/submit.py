@@ -186,6 +186,7 @@ def request_for(
     owner_name: str,
 ) -> SubmitRequest:
     workdir = spec.workdir or "/tmp"
+    lead = warning_lead_s(spec)
     checkpoint_dir = spec.checkpoint_dir or f"{workdir}/.gbroker/{job_id}"
     program: dict[str, object] = (
         {"command": list(spec.command)} if spec.command else {"script_text": spec.script}
@@ -195,7 +196,7 @@ def request_for(
         attempt=attempt_number,
         checkpoint_dir=checkpoint_dir,
         resume_from=checkpoint_dir if attempt_number > 1 else None,
-        warning_signal_s=warning_lead_s(spec),
+        warning_signal_s=lead,
         **program,  # type: ignore[arg-type]
     )
     return SubmitRequest(
@@ -212,7 +213,7 @@ def request_for(
         output=f"{workdir}/gbroker-{job_id}.out",
         requeue=capacity == Capacity.SPOT,
         env=dict(spec.env),
-        signal=None if warning_lead_s(spec) is None else f"B:USR1@{warning_lead_s(spec)}",
+        signal=None if lead is None else f"B:USR1@{lead}",
     )
 
 
