@@ -9,6 +9,8 @@ write, which breaks SAVEPOINTs and makes read-then-write racy.
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,7 @@ def _sqlite_setup(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode = WAL")
+            _wal(cur)
             cur.execute("PRAGMA foreign_keys = ON")
             cur.execute("PRAGMA synchronous = NORMAL")  # safe with WAL; a crash loses at most the last commit
         finally:
@@ -73,6 +75,22 @@ def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql(conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "BEGIN"))
+
+
+def _wal(cur: Any) -> None:
+    """Switch the file to WAL (it stays so). SQLite does not call the busy handler
+    for this switch, so two processes opening a new file at once retry here."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode")
+            if str(cur.fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[Session]:

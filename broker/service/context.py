@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,6 +28,9 @@ from broker.slurm.runner import Runner
 from broker.slurm.backend import Backend
 
 log = logging.getLogger(__name__)
+
+SBATCH_MEMORY_S = 600.0
+"""How long the time of a committed sbatch is remembered (far longer than one tick)."""
 
 
 class CrashPoints:
@@ -62,10 +66,37 @@ class Services:
     market_at: datetime | None = None
     """When ``market`` was built; a gang's own view is derived as of that moment."""
     inflight: set[int] = field(default_factory=set)
-    """Attempt ids whose sbatch is under way in this process: the tick leaves them alone."""
+    """Attempt ids claimed for an sbatch in this process (from the moment the
+    attempt is stored until its Slurm id is committed): the tick leaves them alone."""
+    sbatched_at: dict[int, float] = field(default_factory=dict)
+    """Attempt id -> monotonic time its sbatch was committed, for recent ones."""
     slurm_down_since: datetime | None = None
     next_try_at: datetime | None = None
     backoff_s: float = 0.0
+
+    # -- one sbatch per attempt ----------------------------------------------
+    def claim_sbatch(self, attempt_id: int) -> bool:
+        """True when this caller may sbatch the attempt (nobody else is doing it)."""
+        with self.lock:
+            if attempt_id in self.inflight:
+                return False
+            self.inflight.add(attempt_id)
+            return True
+
+    def sbatch_finished(self, attempt_id: int, committed: bool) -> None:
+        with self.lock:
+            self.inflight.discard(attempt_id)
+            if committed:
+                t = time.monotonic()
+                self.sbatched_at[attempt_id] = t
+                for k in [k for k, v in self.sbatched_at.items() if v < t - SBATCH_MEMORY_S]:
+                    del self.sbatched_at[k]
+
+    def sbatch_busy(self, attempt_id: int, since: float) -> bool:
+        """True while the attempt's sbatch is under way, or when it was committed
+        after `since` (a Slurm queue listing taken at `since` may not show it yet)."""
+        with self.lock:
+            return attempt_id in self.inflight or self.sbatched_at.get(attempt_id, float("-inf")) >= since
 
     @contextmanager
     def tx(self) -> Iterator[Session]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -77,6 +78,7 @@ def reconcile(svc: Services) -> None:
     now = svc.clock.now()
     if svc.next_try_at is not None and now < svc.next_try_at:
         return
+    listed_at = time.monotonic()
     try:
         queue = svc.backend.jobs(name_prefix=KEY_PREFIX)
     except SlurmUnavailable as exc:
@@ -90,7 +92,6 @@ def reconcile(svc: Services) -> None:
     by_id = {j.job_id: j for j in queue}
     by_name = {j.name: j for j in queue}
     plan = TickPlan()
-    inflight: set[int] = svc.inflight
 
     with svc.tx() as s:
         svc.market = build_market(svc, s, now, observed_reclaim_rate(s, now))
@@ -99,7 +100,9 @@ def reconcile(svc: Services) -> None:
         need_history: dict[int, tuple[Job, Attempt]] = {}
         unconfirmed: list[tuple[Job, Attempt]] = []
         for job, att in pairs:
-            if att.id in inflight:
+            if svc.sbatch_busy(att.id, since=listed_at):
+                # Being submitted by another thread, or submitted after the
+                # queue listing: the next tick sees it in squeue.
                 continue
             if att.slurm_job_id is None:
                 found = by_name.get(slurm_name(job.key, att.number))

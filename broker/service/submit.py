@@ -83,12 +83,21 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         )
         attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
         store.add_event(s, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now, job_id=job.id)
+        s.flush()
         job_id, attempt_id = job.id, attempt.id
+        # Claimed before it is visible: a tick must not sbatch it as well (the
+        # transaction holds the service lock, so no tick reads in between).
+        svc.claim_sbatch(attempt_id)
+        try:
+            s.commit()
+        except BaseException:
+            svc.sbatch_finished(attempt_id, committed=False)
+            raise
     svc.crash.reach("after_intent")
 
     note = admission.note
     try:
-        slurm_id = sbatch_attempt(svc, job_id, attempt_id)
+        slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
     except SlurmUnavailable as exc:
         slurm_id = None
         note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
@@ -111,38 +120,45 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
     return result
 
 
-def sbatch_attempt(svc: Services, job_id: int, attempt_id: int) -> int:
+def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool = False) -> int | None:
     """sbatch one stored attempt (state SUBMITTING) and record the Slurm job id.
+
+    Exactly one caller sbatches an attempt: the submit that stored it (which
+    claimed it already, `claimed=True`) or a reconcile tick. Returns the Slurm
+    job id, or None when someone else is submitting it right now.
 
     Raises SlurmUnavailable (the attempt stays SUBMITTING, to be adopted or
     retried by the reconcile tick) or SlurmError.
     """
-    with svc.sessions() as s:
-        job = must_get(s, Job, job_id)
-        attempt = must_get(s, Attempt, attempt_id)
-        spec = spec_from_dict(json.loads(job.spec_json))
-        request = build_request(svc, job, attempt, spec)
-    svc.inflight.add(attempt_id)
+    if not claimed and not svc.claim_sbatch(attempt_id):
+        return None
+    committed = False
     try:
+        with svc.sessions() as s:
+            job = must_get(s, Job, job_id)
+            attempt = must_get(s, Attempt, attempt_id)
+            if attempt.slurm_job_id is not None:
+                return attempt.slurm_job_id  # already in Slurm (an earlier sbatch was committed)
+            spec = spec_from_dict(json.loads(job.spec_json))
+            request = build_request(svc, job, attempt, spec)
         slurm_id = svc.backend.submit(request)
-    except BaseException:
-        svc.inflight.discard(attempt_id)
-        raise
-    svc.crash.reach("after_sbatch")
-    now = svc.clock.now()
-    with svc.tx() as s:
-        job = must_get(s, Job, job_id)
-        attempt = must_get(s, Attempt, attempt_id)
-        attempt.slurm_job_id = slurm_id
-        attempt.submitted_at = now
-        attempt.state = AttemptState.PENDING
-        if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
-            store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
-        store.add_event(
-            s, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}",
-            now=now, job_id=job.id,
-        )
-    svc.inflight.discard(attempt_id)
+        svc.crash.reach("after_sbatch")
+        now = svc.clock.now()
+        with svc.tx() as s:
+            job = must_get(s, Job, job_id)
+            attempt = must_get(s, Attempt, attempt_id)
+            attempt.slurm_job_id = slurm_id
+            attempt.submitted_at = now
+            attempt.state = AttemptState.PENDING
+            if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
+                store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
+            store.add_event(
+                s, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}",
+                now=now, job_id=job.id,
+            )
+        committed = True
+    finally:
+        svc.sbatch_finished(attempt_id, committed=committed)
     svc.crash.reach("after_commit")
     return slurm_id
 

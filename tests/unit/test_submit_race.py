@@ -1,0 +1,113 @@
+"""A reconcile tick that runs while a submit is half-way never sbatches the job a second time.
+
+The daemon answers clients on threads while its tick runs on another; these
+tests put the tick at the two unlucky moments deterministically (fake Slurm,
+real database): right after the intent is committed, and between the tick's
+squeue and its database read while a submit completes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.service.reconcile import reconcile
+from broker.states import JobState
+from ledger_fakes import ROOT, World, setup_lab
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(f"sqlite:///{tmp_path / 'gb.db'}")
+    setup_lab(w.svc)
+    return w
+
+
+def show(w: World, job_id: int) -> dict[str, Any]:
+    from broker.service.handlers import show_job
+
+    return show_job(w.svc, ROOT, job_id)
+
+
+class TickAt:
+    """Crash points that run one reconcile tick at a named point instead of dying."""
+
+    def __init__(self, w: World, point: str) -> None:
+        self.w, self.point, self.ran = w, point, 0
+
+    def reach(self, name: str) -> None:
+        if name == self.point and not self.ran:
+            self.ran += 1
+            reconcile(self.w.svc)
+
+
+def test_a_tick_between_intent_and_sbatch_does_not_submit_the_job_again(world: World) -> None:
+    world.svc.crash = TickAt(world, "after_intent")
+    out = world.submit()
+    assert world.svc.crash.ran == 1
+    assert world.slurm.calls.get("sbatch") == 1, "the tick submitted the job as well"
+    assert [j.job_id for j in world.slurm.jobs_by_id.values()] == [out["slurm_job_id"]]
+    world.tick()
+    assert world.slurm.calls.get("sbatch") == 1
+
+
+def test_a_tick_with_a_queue_listing_older_than_the_sbatch_leaves_the_job_alone(world: World) -> None:
+    original = world.slurm.jobs
+    box: dict[str, Any] = {}
+
+    def listing_then_submit(*a: Any, **kw: Any) -> Any:
+        listed = original(*a, **kw)  # taken before the submit below reaches Slurm
+        if "out" not in box:
+            box["out"] = world.submit()
+        return listed
+
+    world.slurm.jobs = listing_then_submit  # type: ignore[method-assign]
+    reconcile(world.svc)
+    out = box["out"]
+    assert world.slurm.calls.get("sbatch") == 1
+    job = show(world, out["id"])
+    assert job["state"] == JobState.PENDING.value, job["state"]  # not "unknown" from a stale listing
+    world.tick()
+    job = show(world, out["id"])
+    assert job["state"] == JobState.PENDING.value
+    assert [a["slurm_job_id"] for a in job["attempts"]] == [out["slurm_job_id"]]
+
+
+def test_twenty_threads_submitting_while_ticks_run_give_one_slurm_job_each(world: World) -> None:
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def ticker() -> None:
+        while not stop.is_set():
+            try:
+                reconcile(world.svc)
+            except BaseException as exc:  # pragma: no cover (reported below)
+                errors.append(exc)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    outs: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        o = world.submit(time="1m")
+        with lock:
+            outs.append(o)
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    stop.set()
+    t.join()
+    assert not errors, errors
+    assert len(outs) == 20
+    assert world.slurm.calls.get("sbatch") == 20
+    for o in outs:
+        attempts = show(world, o["id"])["attempts"]
+        assert [a["slurm_job_id"] for a in attempts] == [o["slurm_job_id"]]
