@@ -239,6 +239,41 @@ def _our_processes(state_dir: Path) -> list[int]:
     return sorted(found)
 
 
+def test_up_restarts_an_agent_started_from_another_checkout(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The agent boots the nodes; one left running from another (maybe deleted) checkout is replaced."""
+    run = slurm_cluster.state_dir / "run"
+    old_pid = int((run / "agent.pid").read_text())
+    other = tmp_path / "other-checkout" / "devcluster"
+    other.parent.mkdir()
+    shutil.copy2(slurm_cluster.devcluster, other)
+    os.kill(old_pid, 15)
+    slurm_cluster.wait_for(lambda: not Path(f"/proc/{old_pid}").exists()
+                           or Path(f"/proc/{old_pid}/stat").read_text().split(")")[1].split()[0] == "Z",
+                           15, what="the agent to stop")
+    env = dict(slurm_cluster.env, GBROKER_DEVCLUSTER_DIR=str(slurm_cluster.state_dir))
+    with open(os.devnull, "wb") as null:
+        stray = subprocess.Popen(["/usr/bin/python3", str(other), "agent", "--state", str(slurm_cluster.state_dir)],
+                                 stdout=null, stderr=null, start_new_session=True, env=env)
+    (run / "agent.pid").write_text(f"{stray.pid}\n")
+    try:
+        up = subprocess.run([str(slurm_cluster.devcluster), "up"], check=False, capture_output=True, text=True,
+                            env=slurm_cluster.env, timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "another checkout" in up.stdout + up.stderr
+        stray.wait(timeout=30)
+        new_pid = int((run / "agent.pid").read_text())
+        cmd = Path(f"/proc/{new_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert f"{slurm_cluster.devcluster} agent" in cmd, cmd
+        # The replaced agent boots nodes: a job on a powered-down node runs.
+        node = pick_node(slurm_cluster)
+        job = sbatch(slurm_cluster, "-p", "spot", "-w", node, "-J", "dc-agent", "-o", "/dev/null", "--wrap", "true")
+        slurm_cluster.wait_for(lambda: job_state(slurm_cluster, job) == "COMPLETED", WAKE_TIMEOUT,
+                               what=f"job {job} to complete")
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+
+
 @pytest.mark.last
 def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     node = pick_node(slurm_cluster, prefer_awake=True)
