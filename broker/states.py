@@ -55,6 +55,8 @@ class AttemptState(str, Enum):
     """The node was taken back (NODE_FAIL on spot, or a cloud reclaim)."""
     PREEMPTED = "preempted"
     """Slurm preempted it for a higher-priority partition (requeue)."""
+    MOVED = "moved"
+    """gbroker took it off spot to keep the deadline (requeued onto on-demand)."""
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
@@ -66,6 +68,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
         AttemptState.FAILED,
         AttemptState.RECLAIMED,
         AttemptState.PREEMPTED,
+        AttemptState.MOVED,
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,
     }

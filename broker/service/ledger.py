@@ -58,7 +58,7 @@ GIVE_UP_AFTER = timedelta(hours=1)
 NO_ACCOUNTING = "NO_ACCOUNTING"
 ELAPSED_TOLERANCE_S = 2
 """Beyond this, the charge's event notes that sacct and the daemon's own view of a run differ."""
-LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED)
+LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.MOVED)
 HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
 
 

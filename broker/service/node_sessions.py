@@ -149,6 +149,15 @@ def backdate(s: Session, sess: NodeSession, at: datetime, source: str) -> None:
     sess.source = source
 
 
+def claim(s: Session, sess: NodeSession, *, source: str, provider: str, at: datetime) -> None:
+    """The resume hook arrived for a power-up a tick had already seen: from now on
+    the session is the hook's (and its provider's), as if the hook had opened it."""
+    add_event(s, "node_resume_claimed", whole(at), f"{sess.node}: the resume hook took over the observed power-up",
+              node=sess.node, session=sess.id, source=source, provider=provider)
+    sess.source = source
+    sess.provider = provider
+
+
 def set_usage(s: Session, sess: NodeSession, state: str, at: datetime) -> bool:
     """Move the session into a busy or idle stretch at ``at``; False when it already is."""
     at = whole(at)

@@ -423,7 +423,11 @@ class NodeManager:
                         capacity=t.request.capacity.value, gpus=t.gpus, provider=provider.name,
                         source=SOURCE_HOOK, key=_key(key, t.request.name), at=at,
                     )  # fmt: skip
-                    if not created:
+                    if not created and sess.source == SOURCE_OBSERVED and not sess.provider:
+                        # A tick saw Slurm power the node up a moment before this hook ran
+                        # (a busy machine): this is the resume itself, not a second one.
+                        ns.claim(s, sess, source=SOURCE_HOOK, provider=provider.name, at=at)
+                    elif not created:
                         repeats.append(t.request.name)
                         ns.add_event(s, "node_resume_repeat", at, f"{t.request.name}: resume again, same power-up",
                                      node=t.request.name, session=sess.id)

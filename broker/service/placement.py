@@ -43,6 +43,7 @@ def job_view(
     reclaims: int = 0,
     current: Capacity = Capacity.NONE,
     changeover_s: int = 60,
+    safe_done_s: int | None = None,
 ) -> JobView:
     start = submitted_at or now
     deadline_s = int((spec.deadline - start).total_seconds()) if spec.deadline else None
@@ -59,7 +60,38 @@ def job_view(
         changeover_s=changeover_s,
         current=current,
         reclaims=reclaims,
+        safe_done_s=safe_done_s,
     )
+
+
+def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tuple[int, int]:
+    """(work done, work that survives a reclaim now), in seconds of running.
+
+    Ended runs count what they kept (run time minus the work they lost); the
+    running one counts all its time as done and, for a job that checkpoints,
+    its time up to the last checkpoint as safe. A job that cannot checkpoint
+    keeps nothing from any run until it completes.
+    """
+    from broker.checkpoint import last_saved_at
+
+    checkpoints = spec.checkpoint_style != "none" and bool(spec.checkpoint_dir)
+    kept = 0
+    current_run = current_safe = 0
+    for a in attempts:
+        if a.started_at is None:
+            continue
+        start = _aware(a.started_at)
+        if a.ended_at is None:
+            current_run = max(0, int((now - start).total_seconds()))
+            saved = last_saved_at(spec.checkpoint_dir) if checkpoints else None
+            if saved is not None:
+                current_safe = min(current_run, max(0, int(saved - start.timestamp())))
+        elif checkpoints:
+            run = max(0, int((_aware(a.ended_at) - start).total_seconds()))
+            kept += max(0, run - (a.lost_s or 0))
+    if not checkpoints:
+        return current_run, 0
+    return min(spec.time_limit_s, kept + current_run), min(spec.time_limit_s, kept + current_safe)
 
 
 def observed_reclaim_rate(session, now: datetime) -> float:  # type: ignore[no-untyped-def]

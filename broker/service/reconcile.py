@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import func, select
@@ -26,7 +26,7 @@ from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.service.context import Services, must_get
-from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate
+from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate, progress_s
 from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.spec import spec_from_dict
@@ -48,6 +48,8 @@ class TickPlan:
     start_now: list[int] = field(default_factory=list)
     to_ondemand: list[int] = field(default_factory=list)
     cancel: list[int] = field(default_factory=list)
+    off_spot: list[int] = field(default_factory=list)
+    """Running spot jobs to requeue so they finish on on-demand in time."""
     sbatch: list[tuple[int, int]] = field(default_factory=list)
     """(job id, attempt id) to submit afresh."""
 
@@ -190,6 +192,8 @@ def _follow(
             att.nodes = ",".join(sj.nodes)
             store.add_event(s, "running", f"attempt {att.number} runs on {att.nodes}", now=now, job_id=job.id)
         _move(s, job, JobState.RUNNING, f"running on {','.join(sj.nodes)}", now)
+        if job.deadline is not None and att.capacity == Capacity.SPOT:
+            _deadline_while_running(s, svc, job, att, sj, now, plan)
     elif sj.state == AttemptState.PENDING:
         if att.state == AttemptState.SUBMITTING:
             att.state = AttemptState.PENDING
@@ -197,6 +201,8 @@ def _follow(
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
         if not held and job.deadline is not None and att.capacity == Capacity.SPOT:
             _deadline_fallback(s, svc, job, att, sj, now, plan)
+        elif att.partition == svc.settings.ondemand_partition and sj.partition != att.partition:
+            plan.to_ondemand.append(sj.job_id)  # a move whose partition update did not go through yet
         if sj.reason == "BeginTime":
             # gbroker never asks for a begin time: this is Slurm's requeue delay. Skip it.
             plan.start_now.append(sj.job_id)
@@ -229,6 +235,48 @@ def _deadline_fallback(
     job.partition, job.capacity = partition, Capacity.ONDEMAND
     store.add_event(
         s, "fallback", f"still waiting for spot; moved to {partition} to meet the deadline ({placement.reason})",
+        now=now, job_id=job.id,
+    )
+
+
+MOVING = "moving to on-demand"
+"""``Attempt.outcome`` of a running spot attempt gbroker is requeueing onto on-demand."""
+
+
+def _deadline_while_running(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
+) -> None:
+    """A deadline job running on spot: ask the policy, as the simulator does at every step.
+
+    When it says on-demand (above all when a reclaim now would leave too
+    little time to finish there), requeue the job: the program gets TERM to
+    checkpoint, and the next run starts on on-demand. The decision is stored
+    on the attempt first and the requeue repeated each tick until Slurm has
+    done it. A forced partition (the user's choice) is never moved.
+    """
+    if att.outcome == MOVING:
+        plan.off_spot.append(sj.job_id)
+        return
+    spec = spec_from_dict(json.loads(job.spec_json))
+    if spec.partition:
+        return
+    attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
+    done, safe = progress_s(spec, attempts, now)
+    view = job_view(
+        spec, now=now, submitted_at=_utc(job.created_at), done_s=done, safe_done_s=safe,
+        reclaims=job.reclaims or 0, current=Capacity.SPOT,
+    )
+    market = market_view(svc, spec.nodes)
+    # The job runs on spot, so spot is there for its gang whatever the last census said.
+    market = replace(market, spot_available=max(market.spot_available, spec.nodes))
+    placement = svc.policy.place(view, market)
+    if placement.capacity != Capacity.ONDEMAND:
+        return
+    att.outcome = MOVING
+    plan.off_spot.append(sj.job_id)
+    store.add_event(
+        s, "fallback",
+        f"running on spot; requeued to {svc.settings.ondemand_partition} to meet the deadline ({placement.reason})",
         now=now, job_id=job.id,
     )
 
@@ -318,10 +366,42 @@ def _requeued(
         att.started_at = att.started_at or _utc(last.start)
         att.nodes = att.nodes or ",".join(last.nodelist)
     att.ended_at = att.ended_at or now
-    att.state = outcome
     att.lost_s = _lost_s(job, att)
+    node_failed = bool(ended) and ended[-1].state == AttemptState.RECLAIMED
+    if att.outcome == MOVING and not node_failed:
+        # Our own requeue (sacct: REQUEUED), not a reclaim: the next run is on on-demand.
+        att.state = AttemptState.MOVED
+        _moved_to_ondemand(s, svc, job, att, sj, now, plan)
+        return
+    att.state = outcome
     job.reclaims = (job.reclaims or 0) + 1
     _recover(s, svc, job, att, now, plan, requeued=sj)
+
+
+def _moved_to_ondemand(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
+) -> None:
+    partition = svc.settings.ondemand_partition
+    nxt = store.add_attempt(s, job, partition=partition, capacity=Capacity.ONDEMAND, now=now)
+    nxt.slurm_job_id, nxt.slurm_restarts = sj.job_id, sj.restarts
+    nxt.state = AttemptState.PENDING
+    job.capacity, job.partition = Capacity.ONDEMAND, partition
+    store.add_event(
+        s, AttemptState.MOVED.value,
+        f"attempt {att.number} moved off {att.nodes or 'spot'} ({att.lost_s}s of work since the checkpoint lost); "
+        f"next run on {partition}",
+        now=now, job_id=job.id,
+    )
+    store.set_job_state(s, job, JobState.RECOVERING, f"moving to {partition} to meet the deadline", now=now)
+    if sj.state == AttemptState.PENDING:
+        if sj.partition != partition:
+            plan.to_ondemand.append(sj.job_id)
+        plan.start_now.append(sj.job_id)
+    elif sj.state == AttemptState.RUNNING:
+        nxt.state = AttemptState.RUNNING
+        nxt.started_at = _utc(sj.start_time) or now
+        nxt.nodes = ",".join(sj.nodes)
+        store.set_job_state(s, job, JobState.RUNNING, f"running on {nxt.nodes}", now=now)
 
 
 def _recover(
@@ -411,6 +491,15 @@ def _lost_s(job: Job, att: Attempt) -> int:
 
 # -- acting on the plan, batched -------------------------------------------------
 def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
+    if plan.off_spot:
+        try:
+            svc.backend.requeue(plan.off_spot)
+        except SlurmUnavailable as exc:
+            svc.slurm_down(now, str(exc))
+            return
+        except SlurmError as exc:
+            # It may have ended meanwhile; a job still running is requeued at the next tick.
+            log.warning("requeue onto on-demand failed: %s (%s)", exc, exc.stderr.strip())
     try:
         if plan.cancel:
             svc.backend.cancel(plan.cancel)

@@ -168,8 +168,17 @@ class FakeSlurm(Backend):
             if j is not None:
                 j.held = False
 
-    def requeue(self, job_ids: Iterable[int]) -> None:  # pragma: no cover (not used by these tests)
-        raise NotImplementedError
+    def requeue(self, job_ids: Iterable[int]) -> None:
+        """scontrol requeue: the running run ends REQUEUED, the same id waits again."""
+        self._count("requeue")
+        for jid in job_ids:
+            j = self.jobs_by_id.get(jid)
+            if j is None or j.done or j.current.state_raw != "RUNNING":
+                raise SlurmError("Job is not running", argv=["scontrol", "requeue", str(jid)], returncode=1,
+                                 stderr="Job is not running")
+            now = self.clock.now()
+            j.current.end, j.current.state_raw = now, "REQUEUED"
+            j.runs.append(FakeRun(submit=now, partition=j.partition))
 
     def start_now(self, job_ids: Iterable[int]) -> None:
         self._count("start_now")

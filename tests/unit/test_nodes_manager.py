@@ -316,6 +316,29 @@ def test_resume_twice_boots_once_and_bills_busy_and_idle_exactly(env: Any) -> No
     assert (row.busy_s, row.idle_s, row.idle_cost_micros) == (20, 20, 20_000)
 
 
+def test_a_hook_arriving_after_the_tick_saw_the_power_up_takes_the_session_over(env: Any) -> None:
+    """Busy machine: Slurm marks the node powering up, a tick sees it, then the hook runs."""
+    env.slurm.add("spot1", "IDLE+CLOUD+POWERING_UP")
+    step(env, 1)
+    (sess,) = sessions(env.svc)
+    assert (sess.source, sess.provider) == ("observed", "")
+    out = env.m.resume(["spot1"], "khookaaaaa")
+    assert out["repeated"] == [] and out["resumed"] == {"spot1": "i-1"}
+    again = env.m.resume(["spot1"], "khookbbbbb")  # Slurm may call it twice: that one is a repeat
+    assert again["repeated"] == ["spot1"] and len(env.cloud.launches) == 1
+    (sess,) = sessions(env.svc)
+    assert (sess.source, sess.provider, sess.instance_id) == ("hook", "fake", "i-1")
+    assert sess.resumed_at == T0 + timedelta(seconds=1)  # billed from when it was first seen
+    kinds = [e["kind"] for e in events(env.svc)]
+    assert kinds.count("node_resume") == 1 and kinds.count("node_resume_repeat") == 1
+    assert "node_resume_claimed" in kinds
+    # Ours now: when the instance vanishes under the up node, the sweep marks it down.
+    env.slurm.node_states["spot1"] = "IDLE+CLOUD"
+    env.cloud.items.clear()
+    report = step(env, 301)
+    assert report.marked_down == ["spot1"]
+
+
 def test_a_failed_resume_stops_billing_and_marks_the_node_down(env: Any) -> None:
     env.slurm.add("spot1", "IDLE+CLOUD+POWERED_DOWN")
     env.slurm.add("spot2", "IDLE+CLOUD+POWERED_DOWN")
