@@ -13,7 +13,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 

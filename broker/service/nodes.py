@@ -567,7 +567,10 @@ class NodeManager:
                     instance_id=node.get("instance_id"),
                 )  # fmt: skip
                 if not created:
+                    observed = sess.source == SOURCE_OBSERVED and not sess.provider
                     ns.backdate(s, sess, at, SOURCE_JOURNAL)
+                    if observed:  # the hook did act on this power-up: the session is the provider's now
+                        ns.claim(s, sess, source=SOURCE_JOURNAL, provider=self.settings.node_provider, at=at)
                     if node.get("instance_id") and not sess.instance_id:
                         sess.instance_id = node["instance_id"]
                 changes += int(created)

@@ -7,13 +7,13 @@ the real cluster.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Sequence
+from datetime import datetime, timedelta, UTC
+from collections.abc import Sequence
 
 from sqlalchemy import select
 
 from broker.config import Settings
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt
 from broker.errors import SpecError
 from broker.service.market import for_gang
 from broker.spec import JobSpec
@@ -74,7 +74,8 @@ def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tup
     """
     from broker.checkpoint import last_saved_at
 
-    checkpoints = spec.checkpoint_style != "none" and bool(spec.checkpoint_dir)
+    ck_dir = spec.checkpoint_dir if spec.checkpoint_style != "none" else None
+    checkpoints = bool(ck_dir)
     kept = 0
     current_run = current_safe = 0
     for a in attempts:
@@ -83,7 +84,7 @@ def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tup
         start = _aware(a.started_at)
         if a.ended_at is None:
             current_run = max(0, int((now - start).total_seconds()))
-            saved = last_saved_at(spec.checkpoint_dir) if checkpoints else None
+            saved = last_saved_at(ck_dir) if ck_dir else None
             if saved is not None:
                 current_safe = min(current_run, max(0, int(saved - start.timestamp())))
         elif checkpoints:
@@ -127,6 +128,5 @@ def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:
 
 
 def _aware(dt: datetime) -> datetime:
-    from datetime import timezone
 
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, lazyload
@@ -57,7 +57,7 @@ class TickPlan:
 def _utc(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
@@ -481,7 +481,7 @@ def _lost_s(job: Job, att: Attempt) -> int:
     saved = last_saved_at(spec.checkpoint_dir)
     if saved is None:
         return run
-    saved_dt = datetime.fromtimestamp(saved, timezone.utc)
+    saved_dt = datetime.fromtimestamp(saved, UTC)
     start, end = _utc(att.started_at), _utc(att.ended_at)
     assert start is not None and end is not None
     if saved_dt < start:
@@ -526,7 +526,7 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
                 att.state = AttemptState.FAILED
                 att.ended_at = now
                 store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the resubmission: {exc.stderr.strip()}", now=now)
-        
+
 
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:
     with svc.tx() as s:

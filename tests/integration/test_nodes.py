@@ -113,6 +113,26 @@ def sacct_on_node(cluster: Any, node: str, since: datetime) -> list[tuple[int, d
     return rows
 
 
+def _node_story(d: BrokerDaemon, cluster: Any, node: str, since: datetime) -> str:
+    """What Slurm, the provider and the daemon's records say about a node (for a failure message)."""
+    from broker.db.node_models import NodeSession
+
+    engine = make_engine(d.db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(NodeSession.id, NodeSession.source, NodeSession.provider,
+                                       NodeSession.instance_id, NodeSession.resumed_at, NodeSession.suspended_at,
+                                       NodeSession.end_reason).where(NodeSession.node == node)).all()
+    finally:
+        engine.dispose()
+    events = [(str(e["at"]), e["kind"], e.get("source", ""), e.get("reason", ""))
+              for e in node_events(d.db_url) if e.get("node") == node and e["at"] >= since]
+    instances = [(i.instance_id, i.state.value) for i in LocalProvider(str(cluster.state_dir)).instances()
+                 if i.node_name == node]
+    return (f"slurm: {cluster.node_state(node)}\nsessions: {rows[-3:]}\nevents: {events}\n"
+            f"provider instances: {instances}")
+
+
 def sbatch(cluster: Any, *args: str, user: str = "alice") -> int:
     p = cluster.as_user(user, ["sbatch", "--parsable", "-A", "vision", "--chdir=/tmp", "-o", "/dev/null", *args])
     return int(p.stdout.strip().split(";")[0])
@@ -261,8 +281,11 @@ def test_a_node_whose_instance_vanishes_under_it_is_marked_down(node_daemon: Bro
         wait_for(lambda: job_state(slurm_cluster, str(job)) == "RUNNING", 120, "the job to run", d)
         # The cloud loses the instance; Slurm still believes the node is up (until SlurmdTimeout).
         LocalProvider(str(slurm_cluster.state_dir)).suspend([node])
-        wait_for(lambda: "DOWN" in slurm_cluster.node_state(node), SWEEP_GRACE_S + 4 * TICK_S + 60,
-                 f"{node} marked down by the sweep", d)
+        try:
+            wait_for(lambda: "DOWN" in slurm_cluster.node_state(node), SWEEP_GRACE_S + 4 * TICK_S + 60,
+                     f"{node} marked down by the sweep", d)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_node_story(d, slurm_cluster, node, t0)}") from None
         reason = slurm_cluster.run(["scontrol", "-o", "show", "node", node]).stdout
         assert "Reason=gbroker: no instance behind the node" in reason
         marks = [e for e in node_events(d.db_url) if e["kind"] == "node_marked_down" and e["at"] >= t0]

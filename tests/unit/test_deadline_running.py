@@ -7,7 +7,7 @@ to finish on on-demand. Service layer on a real database, fake Slurm, fake clock
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +134,26 @@ def test_a_failed_requeue_is_tried_again_at_the_next_tick(world: World) -> None:
     # One decision, told once, carried out when Slurm took it.
     assert [e for e in show_job(world.svc, ROOT, out["id"])["events"] if e["kind"] == "fallback"] == events
     assert len(events) == 1
+
+
+def test_progress_counts_kept_work_and_the_last_checkpoint(tmp_path: Path) -> None:
+    import json as _json
+
+    from broker.checkpoint import MANIFEST
+    from broker.db.models import Attempt
+    from broker.service.placement import progress_s
+    from broker.spec import spec_from_dict
+
+    t0 = datetime(2026, 10, 1, 8, 0, tzinfo=UTC)
+    base = {"name": "p", "group": "vision", "time_limit": "2h", "command": ["true"], "workdir": "/tmp"}
+    ck = spec_from_dict(dict(base, checkpoint={"style": "signal", "dir": str(tmp_path)}))
+    plain = spec_from_dict(dict(base, checkpoint={"style": "none"}))
+    first = Attempt(number=1, started_at=t0, ended_at=t0 + timedelta(seconds=1000), lost_s=100)
+    second = Attempt(number=2, started_at=t0 + timedelta(seconds=1200), ended_at=None, lost_s=0)
+    now = t0 + timedelta(seconds=1500)
+    # No checkpoint of the running attempt yet: its 300 s are done but not safe.
+    assert progress_s(ck, [first, second], now) == (900 + 300, 900)
+    (tmp_path / MANIFEST).write_text(_json.dumps({"saved_at": (t0 + timedelta(seconds=1400)).timestamp()}))
+    assert progress_s(ck, [first, second], now) == (1200, 900 + 200)
+    # Without checkpoints only the running attempt counts, and none of it is safe.
+    assert progress_s(plain, [first, second], now) == (300, 0)

@@ -399,9 +399,25 @@ def test_a_journal_resume_backdates_a_session_the_tick_opened(env: Any) -> None:
     step(env, 10)
     (sess,) = sessions(env.svc)
     assert sess.resumed_at == T0 - timedelta(seconds=30) and sess.source == "journal" and sess.instance_id == "i-7"
+    assert sess.provider == "fake"  # the provider answers for it now (the sweep judges it)
     with env.svc.sessions() as s:
         first = s.execute(select(NodeUsage).order_by(NodeUsage.id)).scalars().first()
         assert first is not None and first.started_at == T0 - timedelta(seconds=30)
+
+
+def test_a_journal_resume_later_than_the_tick_still_makes_the_session_the_providers(env: Any) -> None:
+    """The hook could not reach the daemon and journaled; a tick had seen the node first."""
+    env.slurm.add("spot1", "IDLE+CLOUD")
+    env.m.tick()  # observed at T0
+    node = {"name": "spot1", "partition": "spot", "capacity": "spot", "gpus": 4, "instance_id": "i-8", "error": None}
+    hooks.append_journal(env.svc.settings.node_journal,
+                         hooks.journal_record("resume", T0 + timedelta(seconds=5), [node]))
+    step(env, 10)
+    (sess,) = sessions(env.svc)
+    assert (sess.resumed_at, sess.source, sess.provider, sess.instance_id) == (T0, "journal", "fake", "i-8")
+    # No instance behind it at the provider: the sweep marks it down after the grace.
+    report = step(env, 300)
+    assert report.marked_down == ["spot1"]
 
 
 def test_bad_journal_lines_are_kept_aside(env: Any, tmp_path: Path) -> None:
