@@ -10,11 +10,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
-from collections.abc import Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 

@@ -149,13 +149,18 @@ def backdate(s: Session, sess: NodeSession, at: datetime, source: str) -> None:
     sess.source = source
 
 
-def claim(s: Session, sess: NodeSession, *, source: str, provider: str, at: datetime) -> None:
-    """The resume hook arrived for a power-up a tick had already seen: from now on
-    the session is the hook's (and its provider's), as if the hook had opened it."""
+def claim(s: Session, sess: NodeSession, *, source: str, provider: str, at: datetime) -> bool:
+    """A resume hook (or its journal line) for a power-up a tick had already seen
+    (an ``observed`` session, the only kind without a provider): from now on the
+    session is the hook's and its provider's, as if the hook had opened it.
+    False when the session already has a provider (nothing to take over)."""
+    if sess.provider or not provider:
+        return False
     add_event(s, "node_resume_claimed", whole(at), f"{sess.node}: the resume hook took over the observed power-up",
               node=sess.node, session=sess.id, source=source, provider=provider)
     sess.source = source
     sess.provider = provider
+    return True
 
 
 def set_usage(s: Session, sess: NodeSession, state: str, at: datetime) -> bool:

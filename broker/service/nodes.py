@@ -423,16 +423,12 @@ class NodeManager:
                         capacity=t.request.capacity.value, gpus=t.gpus, provider=provider.name,
                         source=SOURCE_HOOK, key=_key(key, t.request.name), at=at,
                     )  # fmt: skip
-                    if not created and sess.source == SOURCE_OBSERVED and not sess.provider:
-                        # A tick saw Slurm power the node up a moment before this hook ran
-                        # (a busy machine): this is the resume itself, not a second one.
-                        ns.claim(s, sess, source=SOURCE_HOOK, provider=provider.name, at=at)
-                    elif not created:
+                    # Not new: either a tick saw Slurm power the node up a moment before this hook
+                    # ran (a busy machine), and this is the resume itself; or a second resume.
+                    if not created and not ns.claim(s, sess, source=SOURCE_HOOK, provider=provider.name, at=at):
                         repeats.append(t.request.name)
                         ns.add_event(s, "node_resume_repeat", at, f"{t.request.name}: resume again, same power-up",
                                      node=t.request.name, session=sess.id)
-                    if not sess.provider:  # observed first; from now on the provider answers for it
-                        sess.provider = provider.name
                     generation[t.request.name] = sess.open_key
             requests = [t.request for t in hooks.targets(self.settings, names, facts, generation)]
             failures: dict[str, str] = {}
@@ -567,10 +563,9 @@ class NodeManager:
                     instance_id=node.get("instance_id"),
                 )  # fmt: skip
                 if not created:
-                    observed = sess.source == SOURCE_OBSERVED and not sess.provider
                     ns.backdate(s, sess, at, SOURCE_JOURNAL)
-                    if observed:  # the hook did act on this power-up: the session is the provider's now
-                        ns.claim(s, sess, source=SOURCE_JOURNAL, provider=self.settings.node_provider, at=at)
+                    # The hook did act on this power-up: a session a tick opened is the provider's now.
+                    ns.claim(s, sess, source=SOURCE_JOURNAL, provider=self.settings.node_provider, at=at)
                     if node.get("instance_id") and not sess.instance_id:
                         sess.instance_id = node["instance_id"]
                 changes += int(created)

@@ -7,8 +7,8 @@ the real cluster.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, UTC
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -128,5 +128,4 @@ def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:
 
 
 def _aware(dt: datetime) -> datetime:
-
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, lazyload
@@ -29,10 +30,10 @@ from broker.service.context import Services, must_get
 from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate, progress_s
 from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
-from broker.spec import spec_from_dict
+from broker.spec import JobSpec, spec_from_dict
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 from broker.service.market import build_market
-from policies import Action, Capacity
+from policies import Action, Capacity, Placement
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +223,7 @@ def _deadline_fallback(
     spec = spec_from_dict(json.loads(job.spec_json))
     if spec.partition:
         return
-    view = job_view(
-        spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
-        reclaims=job.reclaims or 0, current=Capacity.NONE,
-    )
-    placement = svc.policy.place(view, market_view(svc, spec.nodes))
+    placement = _place_now(svc, job, spec, now, current=Capacity.NONE, done_s=job.done_s or 0)
     if placement.capacity != Capacity.ONDEMAND:
         return
     partition = svc.settings.ondemand_partition
@@ -237,6 +234,22 @@ def _deadline_fallback(
         s, "fallback", f"still waiting for spot; moved to {partition} to meet the deadline ({placement.reason})",
         now=now, job_id=job.id,
     )
+
+
+def _place_now(
+    svc: Services, job: Job, spec: JobSpec, now: datetime, *, current: Capacity, done_s: int,
+    safe_done_s: int | None = None,
+) -> Placement:
+    """The policy's placement for a job already in Slurm (waiting, or running on `current`)."""
+    view = job_view(
+        spec, now=now, submitted_at=_utc(job.created_at), done_s=done_s, safe_done_s=safe_done_s,
+        reclaims=job.reclaims or 0, current=current,
+    )
+    market = market_view(svc, spec.nodes)
+    if current == Capacity.SPOT:
+        # The job runs on spot, so spot is there for its gang whatever the last census said.
+        market = replace(market, spot_available=max(market.spot_available, spec.nodes))
+    return svc.policy.place(view, market)
 
 
 MOVING = "moving to on-demand"
@@ -262,14 +275,7 @@ def _deadline_while_running(
         return
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
     done, safe = progress_s(spec, attempts, now)
-    view = job_view(
-        spec, now=now, submitted_at=_utc(job.created_at), done_s=done, safe_done_s=safe,
-        reclaims=job.reclaims or 0, current=Capacity.SPOT,
-    )
-    market = market_view(svc, spec.nodes)
-    # The job runs on spot, so spot is there for its gang whatever the last census said.
-    market = replace(market, spot_available=max(market.spot_available, spec.nodes))
-    placement = svc.policy.place(view, market)
+    placement = _place_now(svc, job, spec, now, current=Capacity.SPOT, done_s=done, safe_done_s=safe)
     if placement.capacity != Capacity.ONDEMAND:
         return
     att.outcome = MOVING
@@ -382,26 +388,14 @@ def _moved_to_ondemand(
     s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
 ) -> None:
     partition = svc.settings.ondemand_partition
-    nxt = store.add_attempt(s, job, partition=partition, capacity=Capacity.ONDEMAND, now=now)
-    nxt.slurm_job_id, nxt.slurm_restarts = sj.job_id, sj.restarts
-    nxt.state = AttemptState.PENDING
-    job.capacity, job.partition = Capacity.ONDEMAND, partition
     store.add_event(
         s, AttemptState.MOVED.value,
         f"attempt {att.number} moved off {att.nodes or 'spot'} ({att.lost_s}s of work since the checkpoint lost); "
         f"next run on {partition}",
         now=now, job_id=job.id,
     )
-    store.set_job_state(s, job, JobState.RECOVERING, f"moving to {partition} to meet the deadline", now=now)
-    if sj.state == AttemptState.PENDING:
-        if sj.partition != partition:
-            plan.to_ondemand.append(sj.job_id)
-        plan.start_now.append(sj.job_id)
-    elif sj.state == AttemptState.RUNNING:
-        nxt.state = AttemptState.RUNNING
-        nxt.started_at = _utc(sj.start_time) or now
-        nxt.nodes = ",".join(sj.nodes)
-        store.set_job_state(s, job, JobState.RUNNING, f"running on {nxt.nodes}", now=now)
+    _next_attempt(s, svc, job, Capacity.ONDEMAND, f"moving to {partition} to meet the deadline", sj,
+                  start_now=True, now=now, plan=plan)
 
 
 def _recover(
@@ -442,10 +436,27 @@ def _recover(
         capacity = Capacity.ONDEMAND
     elif decision.action == Action.RESUME_SPOT:
         capacity = Capacity.SPOT
+    _next_attempt(s, svc, job, capacity, f"{decision.action.value}: {decision.reason}", requeued,
+                  start_now=decision.action != Action.WAIT, now=now, plan=plan)
+
+
+def _next_attempt(
+    s: Session,
+    svc: Services,
+    job: Job,
+    capacity: Capacity,
+    reason: str,
+    requeued: SlurmJob | None,
+    *,
+    start_now: bool,
+    now: datetime,
+    plan: TickPlan,
+) -> None:
+    """Open the job's next attempt on `capacity` and plan what Slurm must do for it."""
     partition = svc.settings.partition_for(capacity.value)
     nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
     job.capacity, job.partition = capacity, partition
-    store.set_job_state(s, job, JobState.RECOVERING, f"{decision.action.value}: {decision.reason}", now=now)
+    store.set_job_state(s, job, JobState.RECOVERING, reason, now=now)
     if requeued is not None:
         # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
         nxt.slurm_job_id = requeued.job_id
@@ -454,7 +465,7 @@ def _recover(
         if requeued.state == AttemptState.PENDING:
             if partition != requeued.partition:
                 plan.to_ondemand.append(requeued.job_id)
-            if decision.action != Action.WAIT:
+            if start_now:
                 plan.start_now.append(requeued.job_id)
         elif requeued.state == AttemptState.RUNNING:
             nxt.state = AttemptState.RUNNING
@@ -490,29 +501,32 @@ def _lost_s(job: Job, att: Attempt) -> int:
 
 
 # -- acting on the plan, batched -------------------------------------------------
-def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
-    if plan.off_spot:
-        try:
-            svc.backend.requeue(plan.off_spot)
-        except SlurmUnavailable as exc:
-            svc.slurm_down(now, str(exc))
-            return
-        except SlurmError as exc:
-            # It may have ended meanwhile; a job still running is requeued at the next tick.
-            log.warning("requeue onto on-demand failed: %s (%s)", exc, exc.stderr.strip())
+def _slurm_step(svc: Services, now: datetime, what: str, step: Callable[[], None]) -> bool:
+    """Run one batch of Slurm actions. False: Slurm is down, act no further this tick.
+    A refusal is only logged: the job may have moved on meanwhile, the next tick sees the truth."""
     try:
+        step()
+    except SlurmUnavailable as exc:
+        svc.slurm_down(now, str(exc))
+        return False
+    except SlurmError as exc:
+        log.warning("%s failed: %s (%s)", what, exc, exc.stderr.strip())
+    return True
+
+
+def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
+    def recovery() -> None:
         if plan.cancel:
             svc.backend.cancel(plan.cancel)
         for slurm_id in plan.to_ondemand:
             svc.backend.update(slurm_id, partition=svc.settings.ondemand_partition)
         if plan.start_now:
             svc.backend.start_now(plan.start_now)
-    except SlurmUnavailable as exc:
-        svc.slurm_down(now, str(exc))
+
+    if plan.off_spot and not _slurm_step(svc, now, "requeue onto on-demand", lambda: svc.backend.requeue(plan.off_spot)):
         return
-    except SlurmError as exc:
-        # The job may have started meanwhile; the next tick sees the truth.
-        log.warning("recovery action failed: %s (%s)", exc, exc.stderr.strip())
+    if not _slurm_step(svc, now, "recovery action", recovery):
+        return
     for job_id, attempt_id in plan.sbatch:
         try:
             sbatch_attempt(svc, job_id, attempt_id)
