@@ -44,6 +44,7 @@ from broker.slurm.statemap import (
     FLAG_POWERED_DOWN,
     FLAG_POWERING_DOWN,
     FLAG_POWERING_UP,
+    parse_node_state,
 )
 from broker.states import NodeState
 
@@ -376,7 +377,7 @@ class NodeManager:
                     or sess.source == SOURCE_OBSERVED
                     or sess.provider != self.settings.node_provider
                     or power_of(info) is not Power.ON
-                    or info.state is NodeState.DOWN
+                    or parse_node_state(info.state_raw).held_out
                     or at - sess.resumed_at < grace
                 ):
                     continue

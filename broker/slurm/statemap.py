@@ -219,6 +219,13 @@ class ParsedNodeState:
     def not_responding(self) -> bool:
         return FLAG_NOT_RESPONDING in self.flags
 
+    @property
+    def held_out(self) -> bool:
+        """Out of use by Slurm's own decision (down, drained, failed...). Not
+        responding alone does not count: Slurm keeps such a node, and the jobs on
+        it, until SlurmdTimeout."""
+        return _decide(self.base, self.flags - {FLAG_NOT_RESPONDING}) is NodeState.DOWN
+
 
 def _decide(base: str, flags: frozenset[str]) -> NodeState:
     """Order matters: an unusable node is DOWN whatever its power state; then power wins."""

@@ -502,6 +502,18 @@ def test_sweep_terminates_orphans_after_the_grace_and_marks_instanceless_nodes_d
     assert spot2 and spot2[0].suspended_at is not None
 
 
+def test_a_silent_node_whose_instance_vanished_is_marked_down_but_not_one_slurm_holds_down(env: Any) -> None:
+    """Slurm flags a node whose slurmd vanished NOT_RESPONDING long before it sets it DOWN."""
+    for name in ("spot1", "spot2"):
+        env.slurm.add(name, "ALLOCATED+CLOUD")
+        env.m.resume([name], f"ksilent{name}")
+    env.cloud.items.clear()
+    env.slurm.node_states["spot1"] = "IDLE+CLOUD+COMPLETING+NOT_RESPONDING"
+    env.slurm.node_states["spot2"] = "DOWN+CLOUD+NOT_RESPONDING"  # Slurm's own verdict already
+    report = step(env, 301)
+    assert report.marked_down == ["spot1"]
+
+
 # --------------------------------------------------------------------------- parsing
 
 
