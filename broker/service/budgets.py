@@ -282,3 +282,21 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
         if job.capacity.value == "ondemand":
             ondemand += g
     return total, ondemand
+
+
+def ondemand_quota_full(s: Session, account: str, gpus: int) -> str | None:
+    """Why ``gpus`` more GPUs on on-demand would pass the on-demand quota of the
+    account's group (a job moving there from spot); None when they fit."""
+    group = group_of_account(s, account)
+    if group is None:
+        return None
+    quota = quota_of(s, group.id)
+    if quota is None or quota.max_ondemand_gpus is None:
+        return None
+    _, ondemand = gpus_in_flight(s, account)
+    if ondemand + gpus <= quota.max_ondemand_gpus:
+        return None
+    return (
+        f"group {group.name}'s on-demand quota is {quota.max_ondemand_gpus} GPUs at once, "
+        f"{ondemand} are queued or running there and this job needs {gpus}"
+    )

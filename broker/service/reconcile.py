@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session, lazyload
 
 from broker.checkpoint import last_saved_at
 from broker.db import store
-from broker.db.models import Attempt, Job
+from broker.db.models import Attempt, Event, Job
+from broker.service import budgets
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.service.context import Services, must_get
 from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate, progress_s
@@ -226,6 +227,9 @@ def _deadline_fallback(
     placement = _place_now(svc, job, spec, now, current=Capacity.NONE, done_s=job.done_s or 0)
     if placement.capacity != Capacity.ONDEMAND:
         return
+    if _quota_holds(s, job, now, "it keeps waiting for spot"):
+        _move(s, job, JobState.PENDING, "waiting for spot: the group's on-demand quota is full", now)
+        return
     partition = svc.settings.ondemand_partition
     plan.to_ondemand.append(sj.job_id)
     att.partition, att.capacity = partition, Capacity.ONDEMAND
@@ -278,6 +282,8 @@ def _deadline_while_running(
     placement = _place_now(svc, job, spec, now, current=Capacity.SPOT, done_s=done, safe_done_s=safe)
     if placement.capacity != Capacity.ONDEMAND:
         return
+    if _quota_holds(s, job, now, "it keeps running on spot"):
+        return
     att.outcome = MOVING
     plan.off_spot.append(sj.job_id)
     store.add_event(
@@ -285,6 +291,32 @@ def _deadline_while_running(
         f"running on spot; requeued to {svc.settings.ondemand_partition} to meet the deadline ({placement.reason})",
         now=now, job_id=job.id,
     )
+
+
+QUOTA_HELD = "quota_held"
+"""Event kind: a move to on-demand that the group's on-demand quota stopped."""
+
+
+def _quota_holds(s: Session, job: Job, now: datetime, instead: str) -> bool:
+    """True when the group's on-demand quota has no room for this job to move there.
+
+    Quotas are the admins' hard limit, also for gbroker's own moves: the job
+    stays on spot (``instead`` says how) and the move is asked again at the
+    next tick, so it happens once the quota has room. Said once on the job
+    (an event), not at every tick.
+    """
+    if job.capacity == Capacity.ONDEMAND:
+        return False  # already counted there
+    why = budgets.ondemand_quota_full(s, job.group_name, budgets.job_size(job).gpus)
+    if why is None:
+        return False
+    message = f"not moved to on-demand: {why}; {instead}"
+    last = s.execute(
+        select(Event).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    if last is None or last.kind != QUOTA_HELD or last.message != message:
+        store.add_event(s, QUOTA_HELD, message, now=now, job_id=job.id)
+    return True
 
 
 def _move(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:
@@ -432,11 +464,14 @@ def _recover(
         store.set_job_state(s, job, JobState.DEADLINE_MISSED, decision.reason, now=now)
         return
     capacity = Capacity(att.capacity)
+    reason = f"{decision.action.value}: {decision.reason}"
     if decision.action == Action.MOVE_ONDEMAND:
         capacity = Capacity.ONDEMAND
+        if _quota_holds(s, job, now, "it resumes on spot"):
+            capacity, reason = Capacity.SPOT, "resume on spot: the group's on-demand quota is full"
     elif decision.action == Action.RESUME_SPOT:
         capacity = Capacity.SPOT
-    _next_attempt(s, svc, job, capacity, f"{decision.action.value}: {decision.reason}", requeued,
+    _next_attempt(s, svc, job, capacity, reason, requeued,
                   start_now=decision.action != Action.WAIT, now=now, plan=plan)
 
 
