@@ -66,6 +66,8 @@ class Services:
     """The last MarketView built by the reconcile tick (observed reclaim rate...)."""
     market_at: datetime | None = None
     """When ``market`` was built; a gang's own view is derived as of that moment."""
+    reclaim_history: Any = None
+    """The spot reclaims behind ``market``, by gang size (``placement.ReclaimHistory``)."""
     inflight: set[int] = field(default_factory=set)
     """Attempt ids claimed for an sbatch in this process (from the moment the
     attempt is stored until its Slurm id is committed): the tick leaves them alone."""

@@ -100,10 +100,16 @@ def observer(svc: object) -> SpotObserver:
 
 
 def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
-    """``market`` as a gang of ``nodes`` nodes sees it: its own availability streaks and runs."""
+    """``market`` as a gang of ``nodes`` nodes sees it: its own reclaim rate,
+    availability streaks and runs."""
+    if nodes <= 1:
+        return market
+    history = getattr(svc, "reclaim_history", None)
+    if history is not None:
+        market = replace(market, spot_reclaim_rate_per_hour=history.rate(nodes))
     obs = getattr(svc, "spot_observer", None)
     at = getattr(svc, "market_at", None)
-    if nodes <= 1 or obs is None or at is None:
+    if obs is None or at is None:
         return market
     # Every job of a tick asks as of the same moment: one summary per gang size.
     cache: dict[tuple[datetime, int], MarketView] = svc.__dict__.setdefault("gang_markets", {})

@@ -8,6 +8,7 @@ the real cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -95,21 +96,49 @@ def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tup
     return min(spec.time_limit_s, kept + current_run), min(spec.time_limit_s, kept + current_safe)
 
 
-def observed_reclaim_rate(session, now: datetime) -> float:  # type: ignore[no-untyped-def]
-    """Reclaims per spot node-hour over the recent window."""
+OWN_SIZE_HOURS = 6.0
+"""Spot hours a gang size needs in the window before its own reclaim rate is used."""
+
+
+@dataclass(frozen=True)
+class ReclaimHistory:
+    """Spot attempts of the recent window by gang size: nodes -> (reclaims, attempt-hours)."""
+
+    by_nodes: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def rate(self, nodes: int = 1) -> float:
+        """Reclaims per hour on spot for a gang of ``nodes`` (reclaimed when any of its nodes is).
+
+        A gang size with ``OWN_SIZE_HOURS`` of spot time in the window gets its
+        own observed rate. Before that: the rate per node-hour over every
+        attempt, times ``nodes``. That is an upper bound whether nodes are
+        reclaimed together or one by one, so a new gang size errs towards
+        on-demand, never towards a missed deadline.
+        """
+        reclaims, hours = self.by_nodes.get(nodes, (0, 0.0))
+        if hours >= OWN_SIZE_HOURS:
+            return reclaims / hours
+        all_reclaims = sum(r for r, _ in self.by_nodes.values())
+        node_hours = sum(n * h for n, (_, h) in self.by_nodes.items())
+        return nodes * all_reclaims / node_hours if node_hours > 0 else 0.0
+
+
+def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[no-untyped-def]
+    """Spot attempts started in the recent window: reclaims and hours, by gang size."""
     since = now - RECLAIM_WINDOW
     rows = session.execute(
-        select(Attempt.state, Attempt.started_at, Attempt.ended_at).where(
+        select(Attempt.state, Attempt.started_at, Attempt.ended_at, Attempt.nodes).where(
             Attempt.capacity == "spot", Attempt.started_at.is_not(None), Attempt.started_at >= since
         )
     ).all()
-    hours = 0.0
-    reclaims = 0
-    for state, started, ended in rows:
+    by_nodes: dict[int, tuple[int, float]] = {}
+    for state, started, ended, nodes in rows:
         end = ended or now
-        hours += max(0.0, (_aware(end) - _aware(started)).total_seconds()) / 3600
-        reclaims += state in ("reclaimed", "preempted")
-    return reclaims / hours if hours > 0 else 0.0
+        hours = max(0.0, (_aware(end) - _aware(started)).total_seconds()) / 3600
+        size = len([n for n in (nodes or "").split(",") if n]) or 1
+        r, h = by_nodes.get(size, (0, 0.0))
+        by_nodes[size] = (r + (state in ("reclaimed", "preempted")), h + hours)
+    return ReclaimHistory(by_nodes)
 
 
 def market_view(svc, nodes: int = 1) -> MarketView:  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ from broker.db.models import Attempt, Event, Job
 from broker.service import budgets
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.service.context import Services, must_get
-from broker.service.placement import attempt_views, job_view, market_view, observed_reclaim_rate, progress_s
+from broker.service.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
 from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.spec import JobSpec, spec_from_dict
@@ -98,7 +98,8 @@ def reconcile(svc: Services) -> None:
     plan = TickPlan()
 
     with svc.tx() as s:
-        svc.market = build_market(svc, s, now, observed_reclaim_rate(s, now))
+        svc.reclaim_history = reclaim_history(s, now)
+        svc.market = build_market(svc, s, now, svc.reclaim_history.rate(1))
         svc.market_at = now
         pairs = active_with_latest(s)
         need_history: dict[int, tuple[Job, Attempt]] = {}

@@ -74,3 +74,61 @@ def test_the_daemon_gives_each_gang_its_own_market() -> None:
     assert gang.spot_up_s == 0 and gang.spot_down_s == 350
     assert gang.spot_reclaim_rate_per_hour == 0.5 and gang.spot_available == 2
     assert market_view(SimpleNamespace(), 3) == MarketView()  # no tick yet: the defaults
+
+
+def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
+    from types import SimpleNamespace
+
+    from broker.service.placement import OWN_SIZE_HOURS, ReclaimHistory, market_view
+    from policies import MarketView
+
+    # 10 single-node reclaims in 40 spot hours, 1 four-node reclaim in 2 hours.
+    history = ReclaimHistory({1: (10, 40.0), 4: (1, 2.0)})
+    assert history.rate(1) == 10 / 40
+    # Too little 4-node history: per node-hour over everything (11 / (40 + 8)) times 4.
+    assert abs(history.rate(4) - 4 * 11 / 48) < 1e-12
+    # A size never seen: the same bound.
+    assert abs(history.rate(16) - 16 * 11 / 48) < 1e-12
+    # Enough history of its own: its own rate.
+    own = ReclaimHistory({1: (10, 40.0), 4: (3, OWN_SIZE_HOURS)})
+    assert own.rate(4) == 3 / OWN_SIZE_HOURS
+    assert ReclaimHistory().rate(4) == 0.0
+    svc = SimpleNamespace(reclaim_history=history, market=MarketView(spot_reclaim_rate_per_hour=history.rate(1)))
+    assert market_view(svc, 1).spot_reclaim_rate_per_hour == 0.25
+    assert abs(market_view(svc, 4).spot_reclaim_rate_per_hour - 44 / 48) < 1e-12
+
+
+def test_the_reclaim_history_counts_the_nodes_of_each_attempt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ledger_fakes import World, caller, job_spec, setup_lab
+
+    from broker.service.placement import reclaim_history
+    from broker.service.submit import submit
+
+    w = World(f"sqlite:///{tmp_path / 'gb.db'}")
+    setup_lab(w.svc, vision_budget="1000")
+    one = w.submit(time="4h")["slurm_job_id"]
+    gang = submit(w.svc, caller("alice"), dict(job_spec(time="4h", partition="spot"), nodes=4))["slurm_job_id"]
+    assert w.slurm.start(one, node="spot1")
+    assert w.slurm.start(gang, node="spot1,spot2,spot3,spot4")
+    w.tick()
+    w.advance(1800)
+    assert w.slurm.reclaim(gang)
+    w.tick()
+    w.advance(1800)
+    assert w.slurm.reclaim(one)
+    w.tick()
+    assert w.slurm.start(one, node="spot2")
+    w.tick()
+    w.advance(7200)
+    assert w.slurm.finish(one)
+    w.tick()
+    with w.svc.tx() as s:
+        h = reclaim_history(s, w.clock.now())
+    # 1 node: reclaimed after 1 h, then 2 h to completion; 4 nodes: reclaimed after 30 min
+    # (its next run has not started, so it adds no hours).
+    assert h.by_nodes == {1: (1, 3.0), 4: (1, 0.5)}, h.by_nodes
+    assert w.svc.reclaim_history.by_nodes == h.by_nodes  # what the tick handed the policy
