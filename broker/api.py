@@ -19,7 +19,8 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from broker.errors import BrokerError, PermissionDenied
 
@@ -72,7 +73,7 @@ Handler = Callable[[Caller, dict[str, Any]], Any]
 
 
 class _RequestHandler(socketserver.StreamRequestHandler):
-    server: "ApiServer"
+    server: ApiServer
 
     def handle(self) -> None:
         try:

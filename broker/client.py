@@ -53,7 +53,7 @@ def call(socket_path: str, op: str, timeout: float = DEFAULT_TIMEOUT_SECONDS, **
             ) from None
         sock.sendall(payload)
         reply = _read_line(sock)
-    except socket.timeout:
+    except TimeoutError:
         raise DaemonUnavailable(
             f"the gbroker daemon did not answer within {timeout:.0f} s",
             hint="check `journalctl -u gbroker` or the daemon's log; the request may still complete "

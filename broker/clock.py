@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Protocol
 
 
@@ -17,7 +17,7 @@ class Clock(Protocol):
 
 class SystemClock:
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def monotonic(self) -> float:
         return time.monotonic()
@@ -27,7 +27,7 @@ class FakeClock:
     """A clock that moves only when told to."""
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 9, 1, tzinfo=timezone.utc)
+        self._now = start or datetime(2026, 9, 1, tzinfo=UTC)
         self._mono = 0.0
 
     def now(self) -> datetime:

@@ -22,6 +22,7 @@ from broker.config import Settings
 from broker.errors import BrokerError
 from broker.service.context import Services, build_services
 from broker.service.handlers import make_handlers
+from datetime import UTC
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +161,9 @@ def holder_is_dead(holder: str) -> bool:
 
 
 def _now() -> Any:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _redact(url: str) -> str:

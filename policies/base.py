@@ -16,7 +16,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import ClassVar, Sequence
+from typing import ClassVar
+from collections.abc import Sequence
 
 
 class Capacity(str, Enum):

@@ -11,6 +11,7 @@ import click
 from broker.cli.main import Context, cli
 from broker.cli.output import duration, print_json, print_table
 from broker.errors import SpecError
+from datetime import UTC
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -24,7 +25,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     Files (the job file, a script) are read here, as the user, so the daemon
     never opens a path a user names.
     """
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from broker.spec import load_job_file, parse_spec, spec_to_dict
 
@@ -70,7 +71,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         ck["dir"] = str(base / ck["dir"])
     if ck and isinstance(ck, dict) and ck.get("dir") and "style" not in ck:
         ck["style"] = "signal"
-    return spec_to_dict(parse_spec(data, now=datetime.now(timezone.utc)))
+    return spec_to_dict(parse_spec(data, now=datetime.now(UTC)))
 
 
 @cli.command()

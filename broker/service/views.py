@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from sqlalchemy import func, select
@@ -15,12 +15,12 @@ def _iso(dt: datetime | None) -> str | None:
     if dt is None:
         return None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _age(job: Job, now: datetime) -> int:
-    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=timezone.utc)
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
     return max(0, int((now - created).total_seconds()))
 
 

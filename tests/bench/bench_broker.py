@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def seed(url: str, n: int, now: datetime) -> None:
         s.execute(insert(Attempt), [dict(
             job_id=i, number=1, slurm_job_id=i, partition="spot", capacity=Capacity.SPOT,
             state=AttemptState.RUNNING, nodes="spot1", created_at=now, submitted_at=now,
-            started_at=datetime(2026, 9, 1, 0, 0, 5, tzinfo=timezone.utc), lost_s=0, slurm_restarts=0,
+            started_at=datetime(2026, 9, 1, 0, 0, 5, tzinfo=UTC), lost_s=0, slurm_restarts=0,
         ) for i in range(1, n + 1)])
         s.commit()
 
@@ -93,7 +93,7 @@ def bench_ticks(n: int) -> dict[str, float]:
     from broker.service.reconcile import reconcile
     from broker.slurm.cli_backend import CliBackend
 
-    now = datetime(2026, 9, 1, 1, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 9, 1, 1, 0, tzinfo=UTC)
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.db"
         seed(url, n, now)

@@ -3,12 +3,12 @@
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from broker.daemon import holder_is_dead
 from broker.db import store
 
-T0 = datetime(2026, 9, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 9, 1, tzinfo=UTC)
 
 
 def test_take_over_only_from_the_named_dead_holder(session):

@@ -1,12 +1,12 @@
 """The daemon's view of the spot market, from node samples (our own logic: fake node lists)."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from broker.service.market import SpotObserver
 from broker.slurm.backend import NodeInfo
 from broker.states import NodeState
 
-T = datetime(2026, 9, 1, tzinfo=timezone.utc)
+T = datetime(2026, 9, 1, tzinfo=UTC)
 
 
 def node(name: str, state: NodeState, raw: str = "idle~") -> NodeInfo:
