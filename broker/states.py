@@ -62,6 +62,9 @@ class AttemptState(str, Enum):
     UNKNOWN = "unknown"
 
 
+MOVING_OUTCOME = "moving to on-demand"
+"""``Attempt.outcome`` of a running spot attempt gbroker is requeueing onto on-demand."""
+
 ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
     {
         AttemptState.COMPLETED,

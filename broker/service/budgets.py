@@ -35,12 +35,12 @@ from broker.db.ledger_models import (
     ReservationRelease,
     Semester,
 )
-from broker.db.models import Job
+from broker.db.models import Attempt, Job
 from broker.errors import NotFound
 from broker.money import format_money
 from broker.service.charging import billable_limit_s, estimate_micros
 from broker.service.pricing import PriceBook, PriceRow
-from broker.states import TERMINAL
+from broker.states import MOVING_OUTCOME, TERMINAL
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
@@ -273,13 +273,24 @@ def budget_status(
 
 
 def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
-    """(all, on-demand) GPUs of the account's jobs that are queued or running."""
+    """(all, on-demand) GPUs of the account's jobs that are queued or running.
+
+    A job still running on spot that gbroker is requeueing onto on-demand
+    counts as on-demand already: the quota is checked once, when the move is
+    decided, and two moves must not both fit into the same room."""
     jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
+    moving = set(
+        s.execute(
+            select(Attempt.job_id)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.group_name == account, Attempt.outcome == MOVING_OUTCOME, Attempt.ended_at.is_(None))
+        ).scalars()
+    )
     total = ondemand = 0
     for job in jobs:
         g = job_size(job).gpus
         total += g
-        if job.capacity.value == "ondemand":
+        if job.capacity.value == "ondemand" or job.id in moving:
             ondemand += g
     return total, ondemand
 

@@ -111,9 +111,10 @@ def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
     at = getattr(svc, "market_at", None)
     if obs is None or at is None:
         return market
-    # Every job of a tick asks as of the same moment: one summary per gang size.
-    cache: dict[tuple[datetime, int], MarketView] = svc.__dict__.setdefault("gang_markets", {})
-    key = (at, nodes)
+    # Every job of a tick asks as of the same moment: one summary per gang size
+    # (and rate: a submit thread may read this tick's time with the last one's rate).
+    cache: dict[tuple[datetime, int, float], MarketView] = svc.__dict__.setdefault("gang_markets", {})
+    key = (at, nodes, market.spot_reclaim_rate_per_hour)
     view = cache.get(key)
     if view is None:
         if cache and next(iter(cache))[0] != at:

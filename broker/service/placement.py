@@ -110,17 +110,21 @@ class ReclaimHistory:
         """Reclaims per hour on spot for a gang of ``nodes`` (reclaimed when any of its nodes is).
 
         A gang size with ``OWN_SIZE_HOURS`` of spot time in the window gets its
-        own observed rate. Before that: the rate per node-hour over every
-        attempt, times ``nodes``. That is an upper bound whether nodes are
-        reclaimed together or one by one, so a new gang size errs towards
-        on-demand, never towards a missed deadline.
+        own observed rate. Before that, the larger of two bounds over every
+        attempt: the rate per node-hour times ``nodes`` (right when nodes are
+        reclaimed one by one) and the rate per attempt-hour (right when a
+        gang's nodes go together). So a gang size without history errs
+        towards on-demand, never towards a missed deadline.
         """
         reclaims, hours = self.by_nodes.get(nodes, (0, 0.0))
         if hours >= OWN_SIZE_HOURS:
             return reclaims / hours
         all_reclaims = sum(r for r, _ in self.by_nodes.values())
         node_hours = sum(n * h for n, (_, h) in self.by_nodes.items())
-        return nodes * all_reclaims / node_hours if node_hours > 0 else 0.0
+        attempt_hours = sum(h for _, h in self.by_nodes.values())
+        if attempt_hours <= 0:
+            return 0.0
+        return max(nodes * all_reclaims / node_hours, all_reclaims / attempt_hours)
 
 
 def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ from broker.service.placement import attempt_views, job_view, market_view, progr
 from broker.service.submit import sbatch_attempt, slurm_name
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.spec import JobSpec, spec_from_dict
-from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
 from broker.service.market import build_market
 from policies import Action, Capacity, Placement
 
@@ -257,8 +257,7 @@ def _place_now(
     return svc.policy.place(view, market)
 
 
-MOVING = "moving to on-demand"
-"""``Attempt.outcome`` of a running spot attempt gbroker is requeueing onto on-demand."""
+MOVING = MOVING_OUTCOME
 
 
 def _deadline_while_running(
@@ -302,9 +301,10 @@ def _quota_holds(s: Session, job: Job, now: datetime, instead: str) -> bool:
     """True when the group's on-demand quota has no room for this job to move there.
 
     Quotas are the admins' hard limit, also for gbroker's own moves: the job
-    stays on spot (``instead`` says how) and the move is asked again at the
-    next tick, so it happens once the quota has room. Said once on the job
-    (an event), not at every tick.
+    stays on spot (``instead`` says how). A deadline job is asked again at
+    every tick, so it moves once the quota has room; a job without a deadline
+    resumes on spot and the policy is asked again at its next reclaim. Said
+    once on the job (an event), not at every tick.
     """
     if job.capacity == Capacity.ONDEMAND:
         return False  # already counted there

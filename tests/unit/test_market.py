@@ -93,6 +93,11 @@ def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
     own = ReclaimHistory({1: (10, 40.0), 4: (3, OWN_SIZE_HOURS)})
     assert own.rate(4) == 3 / OWN_SIZE_HOURS
     assert ReclaimHistory().rate(4) == 0.0
+    # Only 4-node gangs seen, their nodes reclaimed together: 10 reclaims in 100 gang-hours.
+    # A single node is then reclaimed about as often as a gang, not a quarter as often.
+    together = ReclaimHistory({4: (10, 100.0)})
+    assert together.rate(1) == 10 / 100
+    assert together.rate(4) == 10 / 100
     svc = SimpleNamespace(reclaim_history=history, market=MarketView(spot_reclaim_rate_per_hour=history.rate(1)))
     assert market_view(svc, 1).spot_reclaim_rate_per_hour == 0.25
     assert abs(market_view(svc, 4).spot_reclaim_rate_per_hour - 44 / 48) < 1e-12

@@ -129,3 +129,23 @@ def test_after_reclaims_the_move_to_ondemand_waits_for_quota(world: World, quota
         assert caps == ["spot", "spot", "ondemand"], caps
         assert world.slurm.jobs_by_id[sid].partition == "ondemand"
         assert held == []
+
+
+def test_two_moves_decided_in_one_tick_do_not_share_one_free_slot(world: World) -> None:
+    """A job being requeued onto on-demand counts there from the moment the move is decided."""
+    world.svc.policy = policies.from_name("greedy")
+    world.ops()["quota_set"](ROOT, {"group": "vision", "max_ondemand_gpus": 1})
+    outs = [submit_deadline(world, time="10m", deadline_in_s=16 * 60) for _ in range(2)]
+    for k, out in enumerate(outs):
+        assert world.slurm.start(out["slurm_job_id"], node=f"spot{k + 1}")
+    world.tick()
+    for _ in range(24):
+        world.advance(15)
+        world.tick()
+    assert world.slurm.calls.get("requeue") == 1, world.slurm.calls
+    kinds = sorted(
+        ("fallback" if events(world, o["id"], "fallback") else "")
+        + ("held" if events(world, o["id"], "quota_held") else "")
+        for o in outs
+    )
+    assert kinds == ["fallback", "held"], kinds
