@@ -107,7 +107,7 @@ class Attempt(Base):
     capacity: Mapped[Capacity] = mapped_column(EnumText(Capacity, 16))
     state: Mapped[AttemptState] = mapped_column(EnumText(AttemptState))
     nodes: Mapped[str] = mapped_column(Text, default="")
-    """Slurm node list, e.g. "gpu-spot-[1-2]"."""
+    """The attempt's nodes, comma-separated and expanded, e.g. "spot1,spot2"."""
     created_at: Mapped[datetime]
     """When the intent was recorded (before sbatch)."""
     submitted_at: Mapped[datetime | None]

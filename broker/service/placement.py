@@ -17,6 +17,7 @@ from broker.config import Settings
 from broker.db.models import Attempt
 from broker.errors import SpecError
 from broker.service.market import for_gang
+from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
 from policies import AttemptView, Capacity, JobView, MarketView
 
@@ -139,7 +140,7 @@ def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[n
     for state, started, ended, nodes in rows:
         end = ended or now
         hours = max(0.0, (_aware(end) - _aware(started)).total_seconds()) / 3600
-        size = len([n for n in (nodes or "").split(",") if n]) or 1
+        size = len(expand(nodes)) or 1
         r, h = by_nodes.get(size, (0, 0.0))
         by_nodes[size] = (r + (state in ("reclaimed", "preempted")), h + hours)
     return ReclaimHistory(by_nodes)
