@@ -17,10 +17,10 @@ import socket
 import socketserver
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from broker.errors import BrokerError, PermissionDenied
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 from broker.errors import ConfigError
 

@@ -22,7 +22,6 @@ from broker.config import Settings
 from broker.errors import BrokerError
 from broker.service.context import Services, build_services
 from broker.service.handlers import make_handlers
-from datetime import UTC
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ def holder_is_dead(holder: str) -> bool:
 
 
 def _now() -> Any:
-    from datetime import datetime
+    from datetime import UTC, datetime
 
     return datetime.now(UTC)
 

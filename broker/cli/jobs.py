@@ -11,7 +11,6 @@ import click
 from broker.cli.main import Context, cli
 from broker.cli.output import duration, print_json, print_table
 from broker.errors import SpecError
-from datetime import UTC
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -25,7 +24,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     Files (the job file, a script) are read here, as the user, so the daemon
     never opens a path a user names.
     """
-    from datetime import datetime
+    from datetime import UTC, datetime
 
     from broker.spec import load_job_file, parse_spec, spec_to_dict
 

@@ -105,22 +105,20 @@ def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
     if nodes <= 1:
         return market
     history = getattr(svc, "reclaim_history", None)
-    if history is not None:
-        market = replace(market, spot_reclaim_rate_per_hour=history.rate(nodes))
+    rate = market.spot_reclaim_rate_per_hour if history is None else history.rate(nodes)
     obs = getattr(svc, "spot_observer", None)
     at = getattr(svc, "market_at", None)
     if obs is None or at is None:
-        return market
-    # Every job of a tick asks as of the same moment: one summary per gang size
+        return replace(market, spot_reclaim_rate_per_hour=rate)
+    # Every job of a tick asks as of the same moment: one view per gang size
     # (and rate: a submit thread may read this tick's time with the last one's rate).
     cache: dict[tuple[datetime, int, float], MarketView] = svc.__dict__.setdefault("gang_markets", {})
-    key = (at, nodes, market.spot_reclaim_rate_per_hour)
+    key = (at, nodes, rate)
     view = cache.get(key)
     if view is None:
         if cache and next(iter(cache))[0] != at:
             cache.clear()
-        fields = obs.summary(at, nodes)
-        view = cache[key] = replace(market, **fields) if fields else market
+        view = cache[key] = replace(market, spot_reclaim_rate_per_hour=rate, **obs.summary(at, nodes))
     return view
 
 

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session, lazyload
 from broker.checkpoint import last_saved_at
 from broker.db import store
 from broker.db.models import Attempt, Event, Job
-from broker.service import budgets
 from broker.errors import SlurmError, SlurmUnavailable
+from broker.service import budgets
 from broker.service.context import Services, must_get
 from broker.service.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
 from broker.service.submit import sbatch_attempt, slurm_name
@@ -257,8 +257,6 @@ def _place_now(
     return svc.policy.place(view, market)
 
 
-MOVING = MOVING_OUTCOME
-
 
 def _deadline_while_running(
     s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
@@ -271,7 +269,7 @@ def _deadline_while_running(
     on the attempt first and the requeue repeated each tick until Slurm has
     done it. A forced partition (the user's choice) is never moved.
     """
-    if att.outcome == MOVING:
+    if att.outcome == MOVING_OUTCOME:
         plan.off_spot.append(sj.job_id)
         return
     spec = spec_from_dict(json.loads(job.spec_json))
@@ -284,7 +282,7 @@ def _deadline_while_running(
         return
     if _quota_holds(s, job, now, "it keeps running on spot"):
         return
-    att.outcome = MOVING
+    att.outcome = MOVING_OUTCOME
     plan.off_spot.append(sj.job_id)
     store.add_event(
         s, "fallback",
@@ -407,7 +405,7 @@ def _requeued(
     att.ended_at = att.ended_at or now
     att.lost_s = _lost_s(job, att)
     node_failed = bool(ended) and ended[-1].state == AttemptState.RECLAIMED
-    if att.outcome == MOVING and not node_failed:
+    if att.outcome == MOVING_OUTCOME and not node_failed:
         # Our own requeue (sacct: REQUEUED), not a reclaim: the next run is on on-demand.
         att.state = AttemptState.MOVED
         _moved_to_ondemand(s, svc, job, att, sj, now, plan)

@@ -16,10 +16,10 @@ import subprocess
 import tempfile
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import pytest
 

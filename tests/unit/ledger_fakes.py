@@ -317,10 +317,13 @@ class World:
 
         return handlers(self.svc)
 
-    def submit(self, user: str = "alice", **kw: Any) -> dict[str, Any]:
+    def submit(self, user: str = "alice", deadline_in_s: int | None = None, **kw: Any) -> dict[str, Any]:
         from broker.service.submit import submit
 
-        return submit(self.svc, caller(user), job_spec(**kw))
+        spec = job_spec(**kw)
+        if deadline_in_s is not None:
+            spec["deadline"] = (self.clock.now() + timedelta(seconds=deadline_in_s)).isoformat()
+        return submit(self.svc, caller(user), spec)
 
     def tick(self) -> None:
         from broker.service.ledger import ledger_tick

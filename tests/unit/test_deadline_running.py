@@ -15,7 +15,7 @@ import pytest
 
 import policies
 from broker.service.handlers import show_job
-from ledger_fakes import ROOT, World, caller, job_spec, setup_lab
+from ledger_fakes import ROOT, World, setup_lab
 
 
 @pytest.fixture
@@ -23,14 +23,6 @@ def world(tmp_path: Path) -> World:
     w = World(f"sqlite:///{tmp_path / 'gb.db'}")
     setup_lab(w.svc)
     return w
-
-
-def submit(w: World, *, time: str, deadline_in_s: int, partition: str | None = None) -> dict[str, Any]:
-    from broker.service.submit import submit as do_submit
-
-    spec = job_spec(time=time, partition=partition)
-    spec["deadline"] = (w.clock.now() + timedelta(seconds=deadline_in_s)).isoformat()
-    return do_submit(w.svc, caller("alice"), spec)
 
 
 def run_on_spot(w: World, out: dict[str, Any]) -> int:
@@ -45,7 +37,7 @@ def run_on_spot(w: World, out: dict[str, Any]) -> int:
 def test_spot_job_is_moved_while_the_deadline_can_still_be_met_on_ondemand(world: World, policy: str) -> None:
     world.svc.policy = policies.from_name(policy)
     deadline_s = 16 * 60
-    out = submit(world, time="10m", deadline_in_s=deadline_s)
+    out = world.submit(time="10m", deadline_in_s=deadline_s)
     assert out["capacity"] == "spot"
     sid = run_on_spot(world, out)
     moved_at = None
@@ -79,7 +71,7 @@ def test_spot_job_is_moved_while_the_deadline_can_still_be_met_on_ondemand(world
 
 def test_a_job_with_ample_slack_stays_on_spot(world: World) -> None:
     world.svc.policy = policies.from_name("gbroker")
-    out = submit(world, time="10m", deadline_in_s=6 * 3600)
+    out = world.submit(time="10m", deadline_in_s=6 * 3600)
     assert out["capacity"] == "spot"
     run_on_spot(world, out)
     for _ in range(30):
@@ -91,7 +83,7 @@ def test_a_job_with_ample_slack_stays_on_spot(world: World) -> None:
 
 def test_a_forced_spot_partition_is_never_moved(world: World) -> None:
     world.svc.policy = policies.from_name("greedy")
-    out = submit(world, time="10m", deadline_in_s=12 * 60, partition="spot")
+    out = world.submit(time="10m", deadline_in_s=12 * 60, partition="spot")
     run_on_spot(world, out)
     for _ in range(20):
         world.advance(15)
@@ -101,7 +93,7 @@ def test_a_forced_spot_partition_is_never_moved(world: World) -> None:
 
 def test_a_failed_requeue_is_tried_again_at_the_next_tick(world: World) -> None:
     world.svc.policy = policies.from_name("greedy")
-    out = submit(world, time="10m", deadline_in_s=12 * 60)
+    out = world.submit(time="10m", deadline_in_s=12 * 60)
     assert out["capacity"] == "spot"
     sid = run_on_spot(world, out)
     real = world.slurm.requeue

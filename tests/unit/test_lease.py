@@ -3,7 +3,7 @@
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 from broker.daemon import holder_is_dead
 from broker.db import store

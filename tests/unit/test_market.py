@@ -104,10 +104,6 @@ def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
 
 
 def test_the_reclaim_history_counts_the_nodes_of_each_attempt(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from ledger_fakes import World, caller, job_spec, setup_lab
 
     from broker.service.placement import reclaim_history

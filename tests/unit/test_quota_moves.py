@@ -10,7 +10,6 @@ Service layer on a real database, fake Slurm, fake clock.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 import policies
 from broker.service.handlers import show_job
-from ledger_fakes import ROOT, World, caller, job_spec, setup_lab
+from ledger_fakes import ROOT, World, setup_lab
 
 
 @pytest.fixture
@@ -26,14 +25,6 @@ def world(tmp_path: Path) -> World:
     w = World(f"sqlite:///{tmp_path / 'gb.db'}")
     setup_lab(w.svc)
     return w
-
-
-def submit_deadline(w: World, *, time: str, deadline_in_s: int) -> dict[str, Any]:
-    from broker.service.submit import submit as do_submit
-
-    spec = job_spec(time=time)
-    spec["deadline"] = (w.clock.now() + timedelta(seconds=deadline_in_s)).isoformat()
-    return do_submit(w.svc, caller("alice"), spec)
 
 
 def fill_ondemand_quota(w: World) -> int:
@@ -54,7 +45,7 @@ def events(w: World, job_id: int, kind: str) -> list[dict[str, Any]]:
 def test_a_waiting_deadline_job_is_not_moved_past_the_ondemand_quota(world: World, quota_full: bool) -> None:
     world.svc.policy = policies.from_name("greedy")
     blocker = fill_ondemand_quota(world) if quota_full else None
-    out = submit_deadline(world, time="10m", deadline_in_s=16 * 60)
+    out = world.submit(time="10m", deadline_in_s=16 * 60)
     assert out["capacity"] == "spot"
     sid = out["slurm_job_id"]
     for _ in range(20):  # 5 minutes of waiting: the safety net wants on-demand well before that
@@ -83,7 +74,7 @@ def test_a_waiting_deadline_job_is_not_moved_past_the_ondemand_quota(world: Worl
 def test_a_running_deadline_job_stays_on_spot_while_the_ondemand_quota_is_full(world: World) -> None:
     world.svc.policy = policies.from_name("greedy")
     blocker = fill_ondemand_quota(world)
-    out = submit_deadline(world, time="10m", deadline_in_s=16 * 60)
+    out = world.submit(time="10m", deadline_in_s=16 * 60)
     sid = out["slurm_job_id"]
     assert world.slurm.start(sid, node="spot1")
     world.tick()
@@ -135,7 +126,7 @@ def test_two_moves_decided_in_one_tick_do_not_share_one_free_slot(world: World) 
     """A job being requeued onto on-demand counts there from the moment the move is decided."""
     world.svc.policy = policies.from_name("greedy")
     world.ops()["quota_set"](ROOT, {"group": "vision", "max_ondemand_gpus": 1})
-    outs = [submit_deadline(world, time="10m", deadline_in_s=16 * 60) for _ in range(2)]
+    outs = [world.submit(time="10m", deadline_in_s=16 * 60) for _ in range(2)]
     for k, out in enumerate(outs):
         assert world.slurm.start(out["slurm_job_id"], node=f"spot{k + 1}")
     world.tick()
