@@ -1,9 +1,24 @@
-"""The socket server inside the daemon: identity and authorisation.
+"""The socket server inside the daemon: identity, limits, dispatch.
 
 Identity comes from the kernel (SO_PEERCRED on the UNIX socket), never from
 the request. Each connection carries one request and one answer (see
-``broker.client`` for the wire format). Handlers run in threads; the service
-layer serialises writes.
+``broker.client`` for the wire format).
+
+The daemon runs as root and serves every user of the lab, so one user must
+not be able to starve the others. Every connection is bounded:
+
+* at most ``max_connections`` are served at once (one thread each), and at
+  most ``max_per_uid`` for one uid; more connections wait their turn in a
+  queue per uid, costing a file descriptor and no thread, up to
+  ``max_waiting_per_uid`` (and ``max_waiting`` in all); beyond that a
+  connection gets a "busy" answer at once (the client retries). So one
+  user's idle or slow connections delay only that user;
+* a request must arrive whole within ``read_timeout_s`` and be at most
+  ``max_request_bytes``; a larger one is read to its end (up to a bound) and
+  dropped, so the client still gets the "too large" answer;
+* handlers never hold the daemon's write lock across a Slurm call or a
+  user's file (see ``broker.service``), so no request waits on another
+  user's slow one.
 """
 
 from __future__ import annotations
@@ -13,11 +28,14 @@ import json
 import logging
 import os
 import pwd
+import selectors
 import socket
-import socketserver
 import struct
 import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +44,38 @@ from broker.errors import BrokerError, PermissionDenied
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one connection, one uid and all of them together may cost."""
+
+    max_connections: int = 64
+    """Connections served at once (each holds one thread)."""
+    max_per_uid: int = 8
+    """Connections one uid may have served at once."""
+    max_waiting_per_uid: int = 64
+    """Connections of one uid waiting for a free slot (no thread, no read yet)."""
+    max_waiting: int = 512
+    """Waiting connections in all."""
+    max_request_bytes: int = 2 * 1024 * 1024
+    """A job script is at most 1 MiB; a request is that plus its fields."""
+    read_timeout_s: float = 10.0
+    """The whole request must arrive within this."""
+    write_timeout_s: float = 10.0
+    drain_max_bytes: int = 64 * 1024 * 1024
+    """How much of an oversized request is read and dropped so its sender still gets the answer."""
+    slow_request_s: float = 1.0
+    """Requests slower than this are logged."""
+
+
+class Busy(BrokerError):
+    """The daemon serves as many connections as it may; try again shortly."""
+
+    exit_code = 6
+
+
+class RequestTooLarge(BrokerError):
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -72,75 +121,245 @@ def caller_from_ids(pid: int, uid: int, gid: int, admin_group: str) -> Caller:
 Handler = Callable[[Caller, dict[str, Any]], Any]
 
 
-class _RequestHandler(socketserver.StreamRequestHandler):
-    server: ApiServer
+class ApiServer:
+    """The daemon's UNIX socket: accepts, admits within the limits, serves from a bounded pool."""
 
-    def handle(self) -> None:
-        try:
-            pid, uid, gid = peer_credentials(self.request)
-        except OSError:
-            log.warning("could not read peer credentials; closing connection")
-            return
-        line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-        answer = self.server.dispatch(pid, uid, gid, line)
-        try:
-            self.wfile.write((json.dumps(answer, default=str) + "\n").encode())
-        except BrokenPipeError:
-            log.info("client pid %s went away before the answer", pid)
-
-
-class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """Threaded UNIX socket server; ``handlers`` maps op names to functions."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    """A burst of CLI calls (20 submits at once) must queue, not be refused."""
-
-    def __init__(self, path: str, handlers: dict[str, Handler], admin_group: str) -> None:
+    def __init__(
+        self, path: str, handlers: dict[str, Handler], admin_group: str, limits: Limits | None = None
+    ) -> None:
         self.path = path
         self.handlers = handlers
         self.admin_group = admin_group
+        self.limits = limits or Limits()
         sock_path = Path(path)
-        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        if not sock_path.parent.exists():
+            # Everyone must reach the socket; the directory holds nothing else.
+            sock_path.parent.mkdir(parents=True)
+            os.chmod(sock_path.parent, 0o755)
         if sock_path.exists() or sock_path.is_symlink():
             _remove_stale_socket(sock_path)
-        super().__init__(path, _RequestHandler)
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.bind(path)
         # Anyone may connect: who they are is read from the kernel, not trusted from them.
         os.chmod(path, 0o666)
+        self.socket.listen(256)
+        self.socket.setblocking(False)
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_connections, thread_name_prefix="gbroker-api")
+        self._lock = threading.Lock()
+        self._open: Counter[int] = Counter()
+        self._waiting: dict[int, deque[tuple[socket.socket, int, int]]] = {}
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
 
-    def dispatch(self, pid: int, uid: int, gid: int, line: bytes) -> dict[str, Any]:
-        if len(line) > MAX_REQUEST_BYTES:
-            return _error(BrokerError("request too large", hint="keep job scripts under 1 MiB"))
+    # -- accepting -------------------------------------------------------------
+    def serve_forever(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.socket, selectors.EVENT_READ)
+        try:
+            while not self._stop.is_set():
+                if not sel.select(timeout=0.5):
+                    continue
+                while True:
+                    try:
+                        conn, _ = self.socket.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:  # EMFILE and the like: back off, keep serving
+                        log.warning("accept failed: %s", exc)
+                        time.sleep(0.05)
+                        break
+                    self._admit(conn)
+        finally:
+            sel.close()
+            self._stopped.set()
+
+    def _admit(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
+        try:
+            pid, uid, gid = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        lim = self.limits
+        with self._lock:
+            waiting = sum(len(q) for q in self._waiting.values())
+            if self._can_start(uid):
+                self._open[uid] += 1
+                start = True
+            elif len(self._waiting.get(uid, ())) < lim.max_waiting_per_uid and waiting < lim.max_waiting:
+                self._waiting.setdefault(uid, deque()).append((conn, pid, gid))
+                return
+            else:
+                start = False
+        if not start:
+            self._reply_now(conn, Busy(
+                f"the gbroker daemon is busy: uid {uid} has {self._open[uid]} requests in progress "
+                f"and {len(self._waiting.get(uid, ()))} waiting",
+                hint="retry in a moment; gbroker's own client does so by itself"))
+            return
+        self._start(conn, pid, uid, gid)
+
+    def _can_start(self, uid: int) -> bool:
+        return self._open[uid] < self.limits.max_per_uid and sum(self._open.values()) < self.limits.max_connections
+
+    def _start(self, conn: socket.socket, pid: int, uid: int, gid: int) -> None:
+        try:
+            self._pool.submit(self._serve, conn, pid, uid, gid)
+        except RuntimeError:  # the pool is shutting down
+            conn.close()
+            self._done(uid)
+
+    def _done(self, uid: int) -> None:
+        """A served connection ended: its slot goes to a waiting one (its uid's first, then others')."""
+        nxt: tuple[socket.socket, int, int, int] | None = None
+        with self._lock:
+            self._open[uid] -= 1
+            if self._open[uid] <= 0:
+                del self._open[uid]
+            for candidate in [uid, *[u for u in self._waiting if u != uid]]:
+                queue = self._waiting.get(candidate)
+                if queue and self._can_start(candidate):
+                    conn, pid, gid = queue.popleft()
+                    if not queue:
+                        del self._waiting[candidate]
+                    self._open[candidate] += 1
+                    nxt = (conn, pid, candidate, gid)
+                    break
+        if nxt is not None:
+            self._start(nxt[0], nxt[1], nxt[2], nxt[3])
+
+    def open_connections(self) -> dict[int, int]:
+        """uid -> connections being served now."""
+        with self._lock:
+            return dict(self._open)
+
+    def waiting_connections(self) -> dict[int, int]:
+        with self._lock:
+            return {uid: len(q) for uid, q in self._waiting.items()}
+
+    # -- serving ---------------------------------------------------------------
+    def _serve(self, conn: socket.socket, pid: int, uid: int, gid: int) -> None:
+        started = time.monotonic()
+        op = "?"
+        try:
+            try:
+                line = self._read_request(conn)
+            except RequestTooLarge as exc:
+                self._write(conn, _error(exc))
+                return
+            except (TimeoutError, OSError) as exc:
+                log.info("uid %s (pid %s): request not received (%s)", uid, pid, exc or "timed out")
+                return
+            op, answer = self.dispatch(pid, uid, gid, line)
+            self._write(conn, answer)
+        finally:
+            conn.close()
+            self._done(uid)
+            took = time.monotonic() - started
+            if took > self.limits.slow_request_s:
+                log.info("request %s from uid %s took %.2fs", op, uid, took)
+
+    def _read_request(self, conn: socket.socket) -> bytes:
+        """One line; RequestTooLarge past the limit (after reading the rest, within bounds)."""
+        lim = self.limits
+        deadline = time.monotonic() + lim.read_timeout_s
+        buf = bytearray()
+        while True:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(65536)
+            if not chunk:
+                return bytes(buf)
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                buf += chunk[: nl + 1]
+                if len(buf) > lim.max_request_bytes:
+                    break
+                return bytes(buf)
+            buf += chunk
+            if len(buf) > lim.max_request_bytes:
+                self._drain(conn, deadline, lim.drain_max_bytes - len(buf))
+                break
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+        raise RequestTooLarge(
+            f"request too large (more than {lim.max_request_bytes // (1024 * 1024)} MiB)",
+            hint="keep job scripts under 1 MiB; put large inputs in files",
+        )
+
+    @staticmethod
+    def _drain(conn: socket.socket, deadline: float, budget: int) -> None:
+        while budget > 0 and time.monotonic() < deadline:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = conn.recv(min(65536, budget))
+            except OSError:
+                return
+            if not chunk or b"\n" in chunk:
+                return
+            budget -= len(chunk)
+
+    def _write(self, conn: socket.socket, answer: dict[str, Any]) -> None:
+        try:
+            conn.settimeout(self.limits.write_timeout_s)
+            conn.sendall((json.dumps(answer, default=str) + "\n").encode())
+        except OSError as exc:
+            log.info("could not deliver an answer: %s", exc)
+
+    def _reply_now(self, conn: socket.socket, exc: BrokerError) -> None:
+        try:
+            conn.settimeout(0.2)
+            conn.sendall((json.dumps(_error(exc)) + "\n").encode())
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def dispatch(self, pid: int, uid: int, gid: int, line: bytes) -> tuple[str, dict[str, Any]]:
+        """(op name, answer) for one request line."""
         try:
             msg = json.loads(line)
             op = msg["op"]
             args = msg.get("args") or {}
             if not isinstance(args, dict) or not isinstance(op, str):
                 raise ValueError
+        except RecursionError:
+            return "?", _error(BrokerError("malformed request: nested too deeply",
+                                           hint="use the gbroker command-line client"))
         except (ValueError, KeyError, TypeError):
-            return _error(BrokerError("malformed request", hint="use the gbroker command-line client"))
+            return "?", _error(BrokerError("malformed request", hint="use the gbroker command-line client"))
         handler = self.handlers.get(op)
         if handler is None:
-            return _error(
-                BrokerError(f"unknown operation {op!r}", hint="client and daemon versions may differ")
+            return op, _error(
+                BrokerError(f"unknown operation {op[:64]!r}", hint="client and daemon versions may differ")
             )
         caller = caller_from_ids(pid, uid, gid, self.admin_group)
         try:
-            return {"ok": True, "result": handler(caller, args)}
+            return op, {"ok": True, "result": handler(caller, args)}
         except BrokerError as exc:
-            return _error(exc)
+            return op, _error(exc)
         except Exception as exc:  # a bug: tell the client, keep serving
             log.exception("handler %s failed for uid %s", op, uid)
-            return _error(BrokerError(f"internal error in {op}: {exc}", hint="see the daemon log"))
+            return op, _error(BrokerError(f"internal error in {op}: {exc}", hint="see the daemon log"))
 
+    # -- life cycle ------------------------------------------------------------
     def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="gbroker-api", daemon=True)
+        thread = threading.Thread(target=self.serve_forever, name="gbroker-accept", daemon=True)
         thread.start()
         return thread
 
+    def shutdown(self) -> None:
+        """Stop accepting, drop waiting connections, and wait for the requests in progress."""
+        self._stop.set()
+        self._stopped.wait(5)
+        with self._lock:
+            waiting = [c for q in self._waiting.values() for c, _, _ in q]
+            self._waiting.clear()
+        for conn in waiting:
+            conn.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
     def server_close(self) -> None:
-        super().server_close()
+        self.socket.close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:

@@ -107,10 +107,16 @@ class Settings:
     """Reclaims after which a job moves to on-demand (policies that use it)."""
     admin_group: str = "gbroker-admin"
     """Unix group whose members may run admin commands."""
+    hook_user: str = "nobody"
+    """Unix user that budget alert commands run as. Admins set those commands over the
+    socket, so they never run as root unless root names root here, in the config file."""
     spot_partition: str = "spot"
     ondemand_partition: str = "ondemand"
     slurm_backend: str = "auto"
     """'auto' (pyslurm when usable, else the command-line tools), 'cli' or 'pyslurm'."""
+    slurm_bin_dir: str = "/usr/bin"
+    """Where Slurm's commands (sbatch, squeue, scontrol...) are. gbroker runs them by
+    absolute path from here, never through anyone's PATH."""
     slurm_timeout_seconds: float = 30.0
     backoff_max_seconds: float = 300.0
     """Longest pause between reconcile tries while the Slurm controller is down."""
@@ -174,6 +180,7 @@ _ENV = {
     "GBROKER_MAX_SPOT_RECLAIMS": "max_spot_reclaims",
     "GBROKER_ADMIN_GROUP": "admin_group",
     "GBROKER_SLURM_BACKEND": "slurm_backend",
+    "GBROKER_SLURM_BIN_DIR": "slurm_bin_dir",
     "GBROKER_NODE_IDLE_SECONDS": "node_idle_seconds",
     "GBROKER_NODE_TICK_SECONDS": "node_tick_seconds",
     "GBROKER_NODE_PROVIDER": "node_provider",
@@ -279,6 +286,9 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
                 hint="known settings: " + ", ".join(sorted(known)),
             )
         out[key] = _coerce(key, value, source)
+    if "slurm_bin_dir" in out and not str(out["slurm_bin_dir"]).startswith("/"):
+        raise ConfigError(f"{source}: slurm_bin_dir must be an absolute path, not {out['slurm_bin_dir']!r}",
+                          hint="e.g. slurm_bin_dir = \"/usr/bin\"")
     return out
 
 
@@ -304,5 +314,8 @@ def load_settings(
     settings = replace(settings, **_from_mapping(from_env, "environment"))
     if overrides:
         clean = {k: v for k, v in overrides.items() if v is not None}
+        if "hook_user" in clean:
+            raise ConfigError("hook_user can only be set in the config file",
+                              hint="it decides who alert commands run as; only root edits the config file")
         settings = replace(settings, **_from_mapping(clean, "command line"))
     return settings

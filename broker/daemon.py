@@ -12,13 +12,13 @@ import os
 import signal
 import socket
 import threading
-import time
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from broker.api import ApiServer
 from broker.config import Settings
+from broker.db.engine import check_private
 from broker.errors import BrokerError
 from broker.service.context import Services, build_services
 from broker.service.handlers import make_handlers
@@ -69,6 +69,7 @@ class Daemon:
 
     # -- life cycle --------------------------------------------------------
     def start(self, wait_for_lease: bool = False) -> None:
+        check_private(self.settings.db_url)
         self.services.migrate()
         self.acquire_lease(wait_for_lease)
         self.services.adopt_on_start()
@@ -170,8 +171,3 @@ def _redact(url: str) -> str:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return url
-
-
-def sleep_until(deadline: float) -> None:
-    while time.monotonic() < deadline:
-        time.sleep(min(0.5, deadline - time.monotonic()))

@@ -48,9 +48,21 @@ MAX_DEADLINE_AHEAD_S = 2 * 365 * 24 * 3600
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "GBROKER_")
-"""sbatch reads SBATCH_*/SLURM_* from its environment (SBATCH_ACCOUNT would
-change the account), and GBROKER_* are set by gbroker for the checkpoint helper."""
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "GBROKER_")
+"""Slurm's tools read SLURM_*/SBATCH_*/SALLOC_*/SRUN_* (SBATCH_ACCOUNT would change
+the account, SLURM_CONF the cluster), and gbroker sets GBROKER_* for the
+checkpoint helper. Compared ignoring letter case."""
+LOADER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "GLOBIGNORE",
+    "CDPATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
+    "PERL5LIB", "PERLLIB", "PERL5OPT", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
+    "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF", "TZDIR",
+    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "GIT_EXEC_PATH", "XDG_CONFIG_DIRS",
+})
+"""Names that change how programs find binaries, libraries, modules or start-up
+files. gbroker sets the job's basic environment itself; a job that needs one of
+these sets it in its own script, where it affects nothing but that program."""
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_", "MALLOC_", "GLIBC_")
 
 INTERPRETERS = frozenset({"python", "python3", "bash", "sh", "zsh", "env", "srun", "mpirun", "torchrun"})
 
@@ -145,6 +157,9 @@ def load_job_file(path: str) -> dict[str, Any]:
             f"job file {path}: not valid TOML: {exc}",
             hint="see https://toml.io; strings need quotes, lists use [\"a\", \"b\"]",
         ) from exc
+    except RecursionError:
+        raise SpecError(f"job file {path}: nested too deeply to be a job file",
+                        hint="a job file is a flat table of settings") from None
 
 
 def parse_spec(
@@ -481,7 +496,7 @@ class _Parser:
         raw = self.string(data, "group")
         if raw is None:
             raise self.fail("group", "missing", hint='name the Slurm account to charge: group = "mylab"')
-        return self.name("group", raw)
+        return account_name(self.name("group", raw))
 
     def boolean(self, data: Mapping[str, Any], fld: str, default: bool) -> bool:
         value = data.get(fld, default)
@@ -695,13 +710,9 @@ class _Parser:
             raise self.fail("env", f"must be a table of NAME = \"value\", got {_type_name(value)}")
         pairs = []
         for key, val in value.items():
-            if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
-                raise self.fail(f"env.{key!r}" if isinstance(key, str) else "env",
-                                f"{key!r} is not a valid variable name",
-                                hint="use letters, digits and '_', not starting with a digit, at most 64 characters")
-            if key.startswith(RESERVED_ENV_PREFIXES):
-                raise self.fail(f"env.{key}", f"names starting with {', '.join(RESERVED_ENV_PREFIXES)} are reserved",
-                                hint="gbroker and Slurm set these; pick another name")
+            if not isinstance(key, str):
+                raise self.fail("env", f"{key!r} is not a valid variable name")
+            check_env_name(key)
             if not isinstance(val, str):
                 raise self.fail(f"env.{key}", f"must be a string, got {_type_name(val)} {val!r}",
                                 hint=f'quote it: {key} = "{val}"')
@@ -713,6 +724,27 @@ class _Parser:
                 raise self.fail(f"env.{key}", "longer than 32 KiB")
             pairs.append((key, val))
         return tuple(sorted(pairs))
+
+
+def check_env_name(key: str) -> None:
+    """Raise SpecError unless ``key`` may be set in a job's environment (one rule for all callers)."""
+    if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+        raise SpecError(f"env.{key!r}: {key!r} is not a valid variable name",
+                        hint="use letters, digits and '_', not starting with a digit, at most 64 characters")
+    upper = key.upper()
+    if upper.startswith(RESERVED_ENV_PREFIXES):
+        raise SpecError(f"env.{key}: names starting with {', '.join(RESERVED_ENV_PREFIXES)} (in any letter case) "
+                        "are reserved", hint="gbroker and Slurm set these; pick another name")
+    if upper in LOADER_ENV_NAMES or upper.startswith(LOADER_ENV_PREFIXES):
+        raise SpecError(f"env.{key}: {key} changes how programs find binaries, libraries or start-up files, "
+                        "so a job may not set it through gbroker",
+                        hint=f"set it inside your job script (export {key}=...), or call programs by "
+                        "their full path (e.g. a virtualenv's bin/python)")
+
+
+def account_name(name: str) -> str:
+    """A Slurm account name as Slurm compares it: account names ignore letter case (stored lower)."""
+    return name.lower()
 
 
 def _is_utf8(text: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
@@ -32,6 +33,9 @@ def daemon(
     with Slurm every tick and recovers reclaimed jobs. Run one per database
     (a lease stops a second one). Stop it with SIGTERM or Ctrl-C.
     """
+    # Everything the daemon creates (database, journals, logs) is private by default;
+    # what it runs as a user gets the usual umask back (broker.proc).
+    os.umask(0o077)
     logging.basicConfig(
         level=getattr(logging, log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

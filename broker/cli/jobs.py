@@ -93,13 +93,16 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 )
 @click.option("--group", "-g", help="Your group (Slurm account), e.g. vision.")
 @click.option("--partition", help="Force a partition instead of letting the policy choose.")
-@click.option("--script", "script_path", type=click.Path(dir_okay=False), help="A batch script to run.")
+@click.option("--script", "script_path", metavar="FILE", help="A batch script to run.")
 @click.option("--env", "-e", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable).")
 @click.option("--max-retries", type=int, help="Retries after the program's own failures [default: 2].")
+@click.option("--key", metavar="KEY",
+              help="Idempotency key (gb- and 8-40 lower-case letters or digits): submitting again with the "
+              "same key returns the first job instead of making a second [default: a new one each time].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[JOB_FILE.toml] [-- COMMAND...]")
 @pass_ctx
-def submit(ctx: Context, args: tuple[str, ...], as_json: bool, **flags: Any) -> None:
+def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, **flags: Any) -> None:
     """Submit a job from a TOML job file (name ending in .toml) and/or flags.
 
     \b
@@ -117,7 +120,8 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, **flags: Any) -> 
         if not Path(job_file).is_file():
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
     spec = build_spec(job_file, flags, command)
-    result = ctx.call("submit", spec=spec)
+    # The key is made here, so a retry after a lost answer (a daemon restart) names the same job.
+    result = ctx.call("submit", repeatable=True, spec=spec, key=key or _new_key())
     if as_json:
         print_json(result)
         return
@@ -125,6 +129,12 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, **flags: Any) -> 
     click.echo(f"Submitted job {result['id']} ({result['name']}) to {result['partition']} [{result['capacity']}]{slurm}")
     if result.get("note"):
         click.echo(f"  note: {result['note']}")
+
+
+def _new_key() -> str:
+    import secrets
+
+    return "gb-" + secrets.token_hex(6)
 
 
 def _job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
@@ -154,7 +164,7 @@ _JOB_HEADERS = ["ID", "NAME", "USER", "GROUP", "STATE", "CAPACITY", "PARTITION",
 @pass_ctx
 def status(ctx: Context, all_users: bool, as_json: bool) -> None:
     """List your active jobs."""
-    jobs = ctx.call("list", active=True, all_users=all_users)
+    jobs = ctx.call("list", repeatable=True, active=True, all_users=all_users)
     if as_json:
         print_json(jobs)
     elif not jobs:
@@ -173,7 +183,7 @@ cli.add_command(status, "ls")
 @pass_ctx
 def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
     """List your jobs, newest first, finished ones included."""
-    jobs = ctx.call("list", active=False, all_users=all_users, limit=limit)
+    jobs = ctx.call("list", repeatable=True, active=False, all_users=all_users, limit=limit)
     if as_json:
         print_json(jobs)
     elif not jobs:
@@ -188,7 +198,7 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool) -> None:
     """Show one job: its spec, attempts and recent events."""
-    job = ctx.call("show", job_id=job_id)
+    job = ctx.call("show", repeatable=True, job_id=job_id)
     if as_json:
         print_json(job)
         return
@@ -199,6 +209,8 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
     click.echo(f"  reclaims   {job.get('reclaims', 0)}   failures {job.get('failures', 0)}")
     if job.get("deadline"):
         click.echo(f"  deadline   {job['deadline']}")
+    if job.get("log"):
+        click.echo(f"  log        {job['log']}")
     click.echo("")
     rows = [
         [

@@ -29,10 +29,11 @@ class Context:
 
         return load_settings(self.config_path).socket
 
-    def call(self, op: str, **args: Any) -> Any:
+    def call(self, op: str, *, repeatable: bool = False, **args: Any) -> Any:
+        """One request to the daemon; ``repeatable`` ones are sent again if the answer is lost."""
         from broker.client import call
 
-        return call(self.socket, op, **args)
+        return call(self.socket, op, repeatable=repeatable, **args)
 
 
 LAZY_COMMANDS = {

@@ -19,6 +19,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.errors import ConfigError
+
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_BEGIN_OPTION = "gbroker_sqlite_begin"
 """Execution option naming the BEGIN a connection uses ("BEGIN IMMEDIATE" to take the write lock first)."""
@@ -41,13 +43,51 @@ def default_db_url(*, uid: int | None = None, env: Mapping[str, str] | None = No
     return f"sqlite:///{Path(state_home) / 'gbroker' / 'gbroker.db'}"
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The database file of a SQLite URL (None for memory databases and other backends)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file:"):
+        return None
+    return Path(u.database).expanduser()
+
+
+def check_private(url: str | URL) -> None:
+    """Refuse a SQLite database (or its -wal/-shm) that every user may read or write.
+
+    It holds every job's spec, environment included. Group access is the
+    admin's choice (a group of lab admins); world access never is.
+    """
+    path = sqlite_file(url)
+    if path is None:
+        return
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = f.stat().st_mode & 0o777
+        except FileNotFoundError:
+            continue
+        if mode & 0o007:
+            files = " ".join(str(x) for x in (path, f"{path}-wal", f"{path}-shm"))
+            raise ConfigError(
+                f"the database {f} is open to every user (mode {mode:04o}); it holds every job's "
+                "spec and environment",
+                hint=f"make it private, then start again: chmod 600 {files}",
+            )
+
+
 def make_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """An engine for ``url``; for SQLite files the parent directory is created (mode 0700)."""
+    """An engine for ``url``. A SQLite file is created private (0600, in a 0700 directory when
+    the directory is new), whatever the umask; its -wal and -shm files take the same mode."""
     u = make_url(url)
     backend = u.get_backend_name()
     if backend == "sqlite":
-        if u.database and u.database != ":memory:" and not u.database.startswith("file:"):
-            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = sqlite_file(u)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            except FileExistsError:
+                pass
         engine = create_engine(u, **kwargs)
         _sqlite_setup(engine)
         return engine

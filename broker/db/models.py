@@ -76,6 +76,8 @@ class Job(Base):
     deadline: Mapped[datetime | None]
     reason: Mapped[str] = mapped_column(Text, default="")
     """Why the job is in its state, for humans."""
+    log_path: Mapped[str | None] = mapped_column(Text)
+    """The job's log (every attempt appends to it); created at submit, as the owner."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]

@@ -61,6 +61,8 @@ class IllegalTransition(BrokerError):
 class IdempotencyConflict(BrokerError):
     """A job key reused for a different request or by another user."""
 
+    exit_code = 2
+
 
 # --------------------------------------------------------------------------- lease
 
@@ -180,7 +182,7 @@ def create_job(
     text = spec_json(spec)
     existing = get_job_by_key(session, key)
     if existing is not None:
-        return _same_request(existing, owner_uid, text)
+        return check_same_request(existing, owner_uid, text)
     values: dict[str, Any] = {
         "key": key, "owner_uid": owner_uid, "owner_name": owner_name, "group_name": spec.group,
         "name": spec.name, "kind": spec.kind, "spec_json": text, "state": state,
@@ -196,7 +198,7 @@ def create_job(
     if new_id is None:
         raced = get_job_by_key(session, key)
         assert raced is not None, "ON CONFLICT fired but the row is gone"
-        return _same_request(raced, owner_uid, text)
+        return check_same_request(raced, owner_uid, text)
     add_event(session, "created", f"job {key} created as {state.value}", now=now, job_id=new_id,
               data={"key": key, "owner_uid": owner_uid, "state": state.value})
     job = session.get(Job, new_id)
@@ -204,13 +206,13 @@ def create_job(
     return job
 
 
-def _same_request(job: Job, owner_uid: int, text: str) -> Job:
+def check_same_request(job: Job, owner_uid: int, text: str) -> Job:
     if job.owner_uid != owner_uid:
         raise IdempotencyConflict(f"job key {job.key} belongs to another user",
-                                  hint="submit again; a new key will be made")
+                                  hint="use another key, or leave --key out and gbroker makes one")
     if job.spec_json != text:
         raise IdempotencyConflict(f"job key {job.key} was already used for a different request",
-                                  hint="submit again; a new key will be made")
+                                  hint="use another key, or leave --key out and gbroker makes one")
     return job
 
 

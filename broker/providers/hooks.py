@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.providers.base import NodeRequest, Provider, ProviderConfigError, from_name
-from broker.slurm.hostlist import expand
+from broker.slurm.hostlist import count, expand
 
 ACTIONS = ("resume", "suspend", "resume_fail")
 INGESTING_SUFFIX = ".ingesting"
@@ -44,9 +44,25 @@ def new_key() -> str:
     return uuid.uuid4().hex
 
 
-def expand_hostlists(args: Iterable[str]) -> list[str]:
-    """``["spot[1-2]", "od1"]`` -> ``["spot1", "spot2", "od1"]`` (order kept, no duplicates)."""
+MAX_NODES_PER_CALL = 10_000
+"""Nodes one hook call or request may name; checked before any hostlist is expanded."""
+
+
+def expand_hostlists(args: Iterable[str], limit: int = MAX_NODES_PER_CALL) -> list[str]:
+    """``["spot[1-2]", "od1"]`` -> ``["spot1", "spot2", "od1"]`` (order kept, no duplicates).
+
+    More than ``limit`` names in all is refused before anything is expanded.
+    """
     names: list[str] = []
+    args = list(args)
+    try:
+        total = sum(count(arg) for arg in args)
+    except ValueError as exc:
+        raise ProviderConfigError(f"cannot read hostlist: {exc}",
+                                  hint="pass node names or a Slurm hostlist such as spot[1-4]") from None
+    if total > limit:
+        raise ProviderConfigError(f"too many nodes in one call ({total}, at most {limit})",
+                                  hint="split the hostlist")
     for arg in args:
         try:
             names.extend(expand(arg))

@@ -2,18 +2,22 @@
 
 Hooks run in a background thread with a timeout, so a slow webhook never
 delays the ledger tick. The command gets the alert as JSON on stdin and as
-GBROKER_ALERT_* environment variables; it is an argv list (no shell).
+GBROKER_ALERT_* environment variables; it is an argv list (no shell), and it
+runs as the configured ``hook_user`` (``nobody`` unless root's config file
+says otherwise), never as the daemon's root.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+from broker import proc
+from broker.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +47,24 @@ class Alert:
         }
 
 
-def run_command(argv: list[str], alert: Alert) -> None:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **alert.env()}
+def run_command(argv: list[str], alert: Alert, run_as: str) -> None:
+    """Run an alert command as ``run_as`` (the settings' hook_user, ``nobody`` by default).
+
+    Admins set these commands over the socket; being a gbroker admin is
+    permission to manage money, not to run programs as root.
+    """
+    env = {"PATH": proc.SAFE_PATH, "LANG": "C.UTF-8", **alert.env()}
     try:
-        proc = subprocess.run(
-            argv, input=json.dumps(asdict(alert)), text=True, env=env,
-            capture_output=True, timeout=HOOK_TIMEOUT_SECONDS, check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.error("budget alert command %s failed: %s", argv, exc)
+        who = proc.identity(run_as)
+        result = proc.run(argv, env=env, timeout_s=HOOK_TIMEOUT_SECONDS, user=who,
+                          input=json.dumps(asdict(alert)).encode(), max_output=64 * 1024)
+    except BrokerError as exc:
+        log.error("budget alert command %s could not run as %s: %s", argv, run_as, exc.message)
         return
-    if proc.returncode != 0:
-        log.error("budget alert command %s exited %s: %s", argv, proc.returncode, proc.stderr.strip()[:500])
+    if result.timed_out:
+        log.error("budget alert command %s timed out after %ss", argv, HOOK_TIMEOUT_SECONDS)
+    elif result.returncode != 0:
+        log.error("budget alert command %s exited %s: %s", argv, result.returncode, result.err.strip()[:500])
 
 
 def post_webhook(url: str, alert: Alert) -> None:
@@ -69,13 +79,13 @@ def post_webhook(url: str, alert: Alert) -> None:
         log.error("budget alert webhook %s failed: %s", url, exc)
 
 
-def fire(alert: Alert, command: list[str] | None, url: str | None,
+def fire(alert: Alert, command: list[str] | None, url: str | None, run_as: str,
          spawn: Callable[[Callable[[], None]], None] | None = None) -> None:
     """Log the alert and start its hooks (in a thread unless ``spawn`` says otherwise)."""
     log.warning("budget alert: %s", alert.message)
     start = spawn or _in_thread
     if command:
-        start(lambda: run_command(command, alert))
+        start(lambda: run_command(command, alert, run_as))
     if url:
         start(lambda: post_webhook(url, alert))
 

@@ -20,6 +20,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from broker.api import Caller
+from broker.spec import account_name
 from broker.db import store
 from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price, Quota, Semester
 from broker.errors import SpecError
@@ -178,8 +179,9 @@ def group_add(
     s: Session, svc: Any, caller: Caller, now: datetime, *, name: str, account: str | None = None,
     members: list[str] | None = None,
 ) -> dict[str, Any]:
-    name = _name(name, "group name")
-    account = _name(account or name, "Slurm account")
+    # Group and account names ignore letter case, as Slurm's account names do: stored lower-case.
+    name = account_name(_name(name, "group name"))
+    account = account_name(_name(account or name, "Slurm account"))
     if s.execute(select(LabGroup).where((LabGroup.name == name) | (LabGroup.slurm_account == account))).first():
         raise SpecError(f"a group named {name} or with Slurm account {account} exists already",
                         hint="`gbroker group list` shows the groups")

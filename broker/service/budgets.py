@@ -24,6 +24,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from broker.api import Caller
+from broker.spec import account_name
 from broker.config import Settings
 from broker.db.ledger_models import (
     Budget,
@@ -74,7 +75,8 @@ def semester_cuts(s: Session) -> list[datetime]:
 
 
 def group_named(s: Session, name: str) -> LabGroup:
-    g = s.execute(select(LabGroup).where(LabGroup.name == name)).scalar_one_or_none()
+    """The group called ``name``, in any letter case (group and account names ignore case, as Slurm's do)."""
+    g = s.execute(select(LabGroup).where(LabGroup.name == account_name(name))).scalar_one_or_none()
     if g is None:
         known = ", ".join(s.execute(select(LabGroup.name).order_by(LabGroup.name)).scalars()) or "none yet"
         raise NotFound(f"no group {name!r} (known: {known})", hint="`gbroker group list` shows them")
@@ -82,7 +84,10 @@ def group_named(s: Session, name: str) -> LabGroup:
 
 
 def group_of_account(s: Session, account: str) -> LabGroup | None:
-    return s.execute(select(LabGroup).where(LabGroup.slurm_account == account)).scalar_one_or_none()
+    """The group charged for Slurm account ``account``; compared as Slurm compares (ignoring case)."""
+    return s.execute(
+        select(LabGroup).where(LabGroup.slurm_account == account_name(account))
+    ).scalar_one_or_none()
 
 
 def members(s: Session, group_id: int) -> list[str]:

@@ -27,6 +27,7 @@ from broker.db.migrate import upgrade_to_head
 from broker.slurm import make_backend
 from broker.slurm.runner import Runner
 from broker.slurm.backend import Backend
+from broker.service.userfiles import SaveWatcher, UserFiles
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,15 @@ class Services:
     slurm_down_since: datetime | None = None
     next_try_at: datetime | None = None
     backoff_s: float = 0.0
+    files: UserFiles = field(default_factory=UserFiles)
+    """What is done with users' files (logs, checkpoint directories), as the user."""
+    saves: SaveWatcher = field(init=False)
+    """Running jobs' last checkpoint saves, learned as their owners in the background."""
+    tick_errors: dict[int, str] = field(default_factory=dict)
+    """Job id -> the error that stopped its share of the last tick (logged once, not every tick)."""
+
+    def __post_init__(self) -> None:
+        self.saves = SaveWatcher(self.files)
 
     # -- one sbatch per attempt ----------------------------------------------
     def claim_sbatch(self, attempt_id: int) -> bool:
@@ -194,7 +204,8 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
     engine = make_engine(settings.db_url)
     sessions = session_factory(engine)
     backend = kwargs.pop("backend", None) or make_backend(
-        settings.slurm_backend, runner=Runner(default_timeout_s=settings.slurm_timeout_seconds)
+        settings.slurm_backend,
+        runner=Runner(default_timeout_s=settings.slurm_timeout_seconds, bin_dir=settings.slurm_bin_dir),
     )
     policy = kwargs.pop("policy", None) or make_policy(settings)
     return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)

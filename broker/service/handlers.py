@@ -1,4 +1,4 @@
-"""The socket API's operations: who may do what, then the use case."""
+"""The socket API's operations: check every argument, who may do what, then the use case."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
 
+MAX_IDS_PER_REQUEST = 1000
+"""Jobs one request may name (cancel); more is refused at once, not worked through."""
+MAX_LIST = 10_000
+MAX_JOB_ID = 2**63 - 1
 
 EXTENSIONS = ("broker.service.budget_api", "broker.service.node_api")
 """Modules that add operations: each has ``handlers(svc) -> dict[str, Handler]``."""
@@ -28,40 +32,87 @@ def make_handlers(svc: Services) -> dict[str, Handler]:
 
     ops = _job_handlers(svc)
     for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
+        module = importlib.import_module(name)
         ops.update(module.handlers(svc))
     return ops
 
 
 def _job_handlers(svc: Services) -> dict[str, Handler]:
-    return {
-        "ping": lambda caller, args: {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin},
-        "submit": lambda caller, args: submit(svc, caller, args.get("spec")),  # type: ignore[arg-type]
-        "list": lambda caller, args: list_jobs(svc, caller, **args),
-        "show": lambda caller, args: show_job(svc, caller, _int(args.get("job_id"), "job_id")),
-        "cancel": lambda caller, args: cancel_jobs(svc, caller, [_int(j, "job_id") for j in args.get("job_ids", [])]),
-    }
+    def ping(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "ping")
+        return {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin}
+
+    def do_submit(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "submit", "spec", "key")
+        return submit(svc, caller, args.get("spec"), args.get("key"))
+
+    def do_list(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "list", "active", "all_users", "limit")
+        return list_jobs(
+            svc, caller,
+            active=_bool(args.get("active", True), "active"),
+            all_users=_bool(args.get("all_users", False), "all_users"),
+            limit=_int_in(args.get("limit", 200), "limit", 1, MAX_LIST),
+        )
+
+    def do_show(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "show", "job_id")
+        return show_job(svc, caller, _job_id(args.get("job_id")))
+
+    def do_cancel(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "cancel", "job_ids")
+        raw = args.get("job_ids")
+        if not isinstance(raw, list):
+            raise SpecError(f"job_ids: expected a list of job numbers, got {type(raw).__name__}")
+        if len(raw) > MAX_IDS_PER_REQUEST:
+            raise SpecError(f"cancel: at most {MAX_IDS_PER_REQUEST} jobs per request, got {len(raw)}",
+                            hint="cancel in batches")
+        return cancel_jobs(svc, caller, [_job_id(j) for j in raw])
+
+    return {"ping": ping, "submit": do_submit, "list": do_list, "show": do_show, "cancel": do_cancel}
 
 
-def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{name}: expected a job number, got {value!r}")
+# -- argument checks: every value a request carries is checked before use ---------------------
+def _only(args: dict[str, Any], op: str, *allowed: str) -> None:
+    extra = sorted(set(args) - set(allowed))
+    if extra:
+        raise SpecError(f"{op}: unknown argument {', '.join(repr(e)[:40] for e in extra[:5])}",
+                        hint="client and daemon versions may differ")
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{name}: expected true or false, got {str(value)[:40]!r}")
     return value
 
 
-def _visible(svc: Services, caller: Caller, job_id: int) -> Job:
-    with svc.sessions() as s:
-        job = s.get(Job, job_id)
+def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{name}: expected a whole number, got {str(value)[:40]!r}")
+    if not lo <= value <= hi:
+        raise SpecError(f"{name}: must be between {lo} and {hi}, got {str(value)[:40]}")
+    return value
+
+
+def _job_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"job_id: expected a job number, got {str(value)[:40]!r}")
+    if not 1 <= value <= MAX_JOB_ID:
+        raise NotFound(f"no job {str(value)[:40]} of yours", hint="`gbroker history` lists your jobs")
+    return value
+
+
+def _visible(s: Any, caller: Caller, job_ids: list[int]) -> list[Job]:
+    """The named jobs, in the order named; NotFound for the first that is missing or not the caller's."""
+    found = {j.id: j for j in s.execute(select(Job).where(Job.id.in_(job_ids))).scalars()}
+    out = []
+    for job_id in job_ids:
+        job = found.get(job_id)
         if job is None or (job.owner_uid != caller.uid and not caller.is_admin):
             # Same answer for "missing" and "not yours": job numbers are not a secret, contents are.
             raise NotFound(f"no job {job_id} of yours", hint="`gbroker history` lists your jobs")
-        s.expunge(job)
-        return job
+        out.append(job)
+    return out
 
 
 def list_jobs(
@@ -71,7 +122,7 @@ def list_jobs(
         caller.require_admin("listing every user's jobs")
     now = svc.clock.now()
     with svc.sessions() as s:
-        q = select(Job).order_by(Job.id.desc()).limit(max(1, min(int(limit), 10_000)))
+        q = select(Job).order_by(Job.id.desc()).limit(limit)
         if not all_users:
             q = q.where(Job.owner_uid == caller.uid)
         if active:
@@ -80,34 +131,38 @@ def list_jobs(
 
 
 def show_job(svc: Services, caller: Caller, job_id: int) -> dict[str, Any]:
-    _visible(svc, caller, job_id)
     with svc.sessions() as s:
-        job = must_get(s, Job, job_id)
+        (job,) = _visible(s, caller, [job_id])
         return job_detail(s, job, svc.clock.now())
 
 
 def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[str, Any]]:
     if not job_ids:
         raise SpecError("give at least one job number")
-    jobs = [_visible(svc, caller, j) for j in job_ids]
-    slurm_ids: list[int] = []
+    job_ids = list(dict.fromkeys(job_ids))
     with svc.sessions() as s:
-        for job in jobs:
-            if JobState(job.state) in TERMINAL:
-                continue
-            slurm_ids += [
-                a.slurm_job_id
-                for a in s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalars()
-                if a.slurm_job_id is not None
-            ]
-    if slurm_ids:
+        jobs = _visible(s, caller, job_ids)
+        live = [j.id for j in jobs if JobState(j.state) not in TERMINAL]
+        bound = [
+            (a.slurm_job_id or 0, j.key, j.owner_name)
+            for j, a in s.execute(
+                select(Job, Attempt).join(Attempt, Attempt.job_id == Job.id)
+                .where(Job.id.in_(live), Attempt.slurm_job_id.is_not(None))
+            ).all()
+        ]
+    if bound:
+        from broker.service.slurm_ids import verified
+
         # Slurm first: if it is unreachable the error says so and nothing changes here.
-        svc.backend.cancel(sorted(set(slurm_ids)))
+        # Only ids Slurm itself shows as these jobs' (key and owner) are touched.
+        ids = verified(svc, bound)
+        if ids:
+            svc.backend.cancel(ids)
     now = svc.clock.now()
     out = []
     with svc.tx() as s:
-        for j in jobs:
-            job = must_get(s, Job, j.id)
+        for job_id in job_ids:
+            job = must_get(s, Job, job_id)
             if JobState(job.state) not in TERMINAL:
                 for a in s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalars():
                     if a.state not in ATTEMPT_TERMINAL:

@@ -45,6 +45,7 @@ from broker.money import format_money
 from broker.service import alerts
 from broker.service import budgets as B
 from broker.service.charging import MissingPrice, Run, split_run
+from broker.service.slurm_ids import verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
@@ -324,7 +325,7 @@ def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
             store.add_event(s, "budget_cancel", f"cancelled: group spent 100 % of its budget (Slurm job {sid})",
                             now=now, job_id=job_id)
     for alert, command, url in plan.alerts:
-        alerts.fire(alert, command, url, spawn=spawn)
+        alerts.fire(alert, command, url, svc.settings.hook_user, spawn=spawn)
     svc.crash.reach("ledger_before_hold")
     try:
         _act_on_slurm(svc, plan, hold_ids, now)
@@ -334,11 +335,30 @@ def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
     return plan
 
 
+def _verified_ids(svc: Any, pairs: list[tuple[int, int]]) -> set[int]:
+    """The Slurm ids among (job id, Slurm id) that Slurm shows as those jobs' own (one squeue call)."""
+    if not pairs:
+        return set()
+    with svc.sessions() as s:
+        jobs = {j.id: j for j in s.execute(select(Job).where(Job.id.in_({j for j, _ in pairs}))).scalars()}
+    return set(verified(svc, [(sid, jobs[j].key, jobs[j].owner_name) for j, sid in pairs if j in jobs]))
+
+
 def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: datetime) -> None:
+    # Root holds, releases and cancels only ids Slurm shows as the jobs' own.
+    with svc.sessions() as s:
+        release_jobs = {h: s.get(BudgetHold, h) for h, _ in plan.release}
+    ok = _verified_ids(
+        svc,
+        [(job_id, sid) for job_id, sid, _ in plan.hold] + list(plan.cancel)
+        + [(row.job_id, sid) for h, sid in plan.release if (row := release_jobs[h]) is not None],
+    )
     # The job's own state follows at once (not at the next reconcile), so nothing
     # else sees a held job as pending, or a released one as still held.
     if plan.hold:
-        failed = set(_slurm_each(svc.backend.hold, [sid for _, sid, _ in plan.hold]))
+        to_hold = [sid for _, sid, _ in plan.hold if sid in ok]
+        failed = set(_slurm_each(svc.backend.hold, to_hold) if to_hold else [])
+        failed |= {sid for _, sid, _ in plan.hold if sid not in ok}
         with svc.tx() as s:
             for job_id, sid, _ in plan.hold:
                 row = s.get(BudgetHold, hold_ids[sid])
@@ -351,7 +371,9 @@ def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: dat
                                         now=now)
     if plan.release:
         # A refusal means the job is no longer held (or gone): the hold is over either way.
-        _slurm_each(svc.backend.release, [sid for _, sid in plan.release])
+        to_release = [sid for _, sid in plan.release if sid in ok]
+        if to_release:
+            _slurm_each(svc.backend.release, to_release)
         with svc.tx() as s:
             for hold_id, _ in plan.release:
                 row = s.get(BudgetHold, hold_id)
@@ -363,8 +385,9 @@ def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: dat
                     if job is not None and job.state == JobState.HELD:
                         store.set_job_state(s, job, JobState.PENDING, "released: the budget allows it again",
                                             now=now)
-    if plan.cancel:
-        _slurm_each(svc.backend.cancel, [sid for _, sid in plan.cancel])
+    to_cancel = [sid for _, sid in plan.cancel if sid in ok]
+    if to_cancel:
+        _slurm_each(svc.backend.cancel, to_cancel)
 
 
 def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int]:

@@ -66,18 +66,18 @@ def job_view(
     )
 
 
-def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tuple[int, int]:
+def progress_s(
+    spec: JobSpec, attempts: Sequence[Attempt], now: datetime, saved_at: float | None = None
+) -> tuple[int, int]:
     """(work done, work that survives a reclaim now), in seconds of running.
 
     Ended runs count what they kept (run time minus the work they lost); the
     running one counts all its time as done and, for a job that checkpoints,
-    its time up to the last checkpoint as safe. A job that cannot checkpoint
+    its time up to its last save (``saved_at``, epoch seconds, as its
+    checkpoint directory last showed it) as safe. A job that cannot checkpoint
     keeps nothing from any run until it completes.
     """
-    from broker.checkpoint import last_saved_at
-
-    ck_dir = spec.checkpoint_dir if spec.checkpoint_style != "none" else None
-    checkpoints = bool(ck_dir)
+    checkpoints = spec.checkpoint_style != "none" and bool(spec.checkpoint_dir)
     kept = 0
     current_run = current_safe = 0
     for a in attempts:
@@ -86,7 +86,7 @@ def progress_s(spec: JobSpec, attempts: Sequence[Attempt], now: datetime) -> tup
         start = _aware(a.started_at)
         if a.ended_at is None:
             current_run = max(0, int((now - start).total_seconds()))
-            saved = last_saved_at(ck_dir) if ck_dir else None
+            saved = saved_at if checkpoints else None
             if saved is not None:
                 current_safe = min(current_run, max(0, int(saved - start.timestamp())))
         elif checkpoints:

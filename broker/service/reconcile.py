@@ -12,26 +12,27 @@ A job Slurm does not answer about is *unknown*, never failed or completed.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, lazyload
 
-from broker.checkpoint import last_saved_at
 from broker.db import store
 from broker.db.models import Attempt, Event, Job
-from broker.errors import SlurmError, SlurmUnavailable
+from broker.errors import BrokerError, SlurmError, SlurmUnavailable
 from broker.service import budgets
 from broker.service.context import Services, must_get
 from broker.service.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
-from broker.service.submit import sbatch_attempt, slurm_name
+from broker.service.slurm_ids import is_ours
+from broker.service.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
+from broker.service.userfiles import SaveFacts
 from broker.slurm.backend import SacctRow, SlurmJob
-from broker.spec import JobSpec, spec_from_dict
+from broker.spec import JobSpec
 from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
 from broker.service.market import build_market
 from policies import Action, Capacity, Placement
@@ -97,29 +98,23 @@ def reconcile(svc: Services) -> None:
     by_name = {j.name: j for j in queue}
     plan = TickPlan()
 
+    need_history: dict[int, tuple[Job, Attempt]] = {}
+    unconfirmed: list[tuple[Job, Attempt]] = []
     with svc.tx() as s:
         svc.reclaim_history = reclaim_history(s, now)
         svc.market = build_market(svc, s, now, svc.reclaim_history.rate(1))
         svc.market_at = now
-        pairs = active_with_latest(s)
-        need_history: dict[int, tuple[Job, Attempt]] = {}
-        unconfirmed: list[tuple[Job, Attempt]] = []
-        for job, att in pairs:
+        active = active_with_latest(s)
+        live = {job.id for job, _ in active}
+        for job_id in [j for j in svc.tick_errors if j not in live]:
+            del svc.tick_errors[job_id]  # errors are remembered (to be said once) while the job is active
+        for job, att in active:
             if svc.sbatch_busy(att.id, since=listed_at):
                 # Being submitted by another thread, or submitted after the
                 # queue listing: the next tick sees it in squeue.
                 continue
-            if att.slurm_job_id is None:
-                found = by_name.get(slurm_name(job.key, att.number))
-                if found is not None:
-                    _adopt(s, job, att, found, now)
-                    _follow(s, svc, job, att, found, now, plan, need_history)
-                else:
-                    unconfirmed.append((job, att))
-            elif att.slurm_job_id in by_id:
-                _follow(s, svc, job, att, by_id[att.slurm_job_id], now, plan, need_history)
-            else:
-                need_history[att.slurm_job_id] = (job, att)
+            with _isolated(s, svc, job, now):
+                _look(s, svc, job, att, by_id, by_name, now, plan, need_history, unconfirmed)
 
     rows: list[SacctRow] = []
     try:
@@ -135,24 +130,113 @@ def reconcile(svc: Services) -> None:
     by_job: dict[int, list[SacctRow]] = {}
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)
+    # What ended runs had saved, learned as their owners, outside any lock or transaction.
+    saves = _probe_saves(svc, [pair for pair in need_history.values()])
 
     with svc.tx() as s:
         for slurm_id, (job0, att0) in need_history.items():
             job, att = must_get(s, Job, job0.id), must_get(s, Attempt, att0.id)
-            _settle(s, svc, job, att, by_job.get(slurm_id, []), by_id.get(slurm_id), now, plan)
+            with _isolated(s, svc, job, now):
+                _settle(s, svc, job, att, _ours(job, by_job.get(slurm_id, [])), by_id.get(slurm_id), now, plan,
+                        saves.get(job.id))
         names = {r.name: r for r in rows}
         for job0, att0 in unconfirmed:
             job, att = must_get(s, Job, job0.id), must_get(s, Attempt, att0.id)
-            row = names.get(slurm_name(job.key, att.number))
-            if row is not None:
-                att.slurm_job_id = row.job_id
-                store.add_event(s, "adopted", f"found Slurm job {row.job_id} by key after a restart", now=now, job_id=job.id)
-                _settle(s, svc, job, att, by_job.get(row.job_id, [row]), None, now, plan)
-            else:
-                # The intent is stored but Slurm never got the job: submit it now.
-                plan.sbatch.append((job.id, att.id))
+            with _isolated(s, svc, job, now):
+                row = names.get(slurm_name(job.key, att.number))
+                if row is not None and is_ours(job.key, job.owner_name, name=row.name, comment=row.comment,
+                                               user=row.user):
+                    att.slurm_job_id = row.job_id
+                    store.add_event(s, "adopted", f"found Slurm job {row.job_id} by key after a restart",
+                                    now=now, job_id=job.id)
+                    _settle(s, svc, job, att, _ours(job, by_job.get(row.job_id, [row])), None, now, plan, None)
+                else:
+                    # The intent is stored but Slurm never got the job: submit it now.
+                    plan.sbatch.append((job.id, att.id))
 
     _act(svc, plan, now)
+
+
+def _look(
+    s: Session, svc: Services, job: Job, att: Attempt, by_id: dict[int, SlurmJob], by_name: dict[str, SlurmJob],
+    now: datetime, plan: TickPlan, need_history: dict[int, tuple[Job, Attempt]],
+    unconfirmed: list[tuple[Job, Attempt]],
+) -> None:
+    """Compare one active job's latest attempt with the queue listing."""
+    if att.slurm_job_id is None:
+        found = by_name.get(slurm_name(job.key, att.number))
+        if found is not None and _verify(s, job, att, found, now):
+            _adopt(s, job, att, found, now)
+            _follow(s, svc, job, att, found, now, plan, need_history)
+        elif found is None:
+            unconfirmed.append((job, att))
+    elif att.slurm_job_id in by_id:
+        sj = by_id[att.slurm_job_id]
+        if _verify(s, job, att, sj, now):
+            _follow(s, svc, job, att, sj, now, plan, need_history)
+    else:
+        need_history[att.slurm_job_id] = (job, att)
+
+
+def _verify(s: Session, job: Job, att: Attempt, sj: SlurmJob, now: datetime) -> bool:
+    """True when Slurm shows ``sj`` as this job's (owner and key); else the binding is dropped, never acted on."""
+    if is_ours(job.key, job.owner_name, name=sj.name, comment=sj.comment, user=sj.user):
+        return True
+    why = (f"Slurm job {sj.job_id} belongs to {sj.user} (name {sj.name!r}), not to this job of "
+           f"{job.owner_name}; gbroker will not touch it")
+    log.error("job %s: %s", job.id, why)
+    att.state, att.ended_at, att.outcome = AttemptState.FAILED, now, why
+    store.set_job_state(s, job, JobState.FAILED, why, now=now)
+    return False
+
+
+def _ours(job: Job, rows: list[SacctRow]) -> list[SacctRow]:
+    """The accounting rows that are this job's (owner and key); others never count for it."""
+    return [r for r in rows if is_ours(job.key, job.owner_name, name=r.name, comment=r.comment, user=r.user)]
+
+
+@contextmanager
+def _isolated(s: Session, svc: Services, job: Job, now: datetime) -> Iterator[None]:
+    """One job's share of a tick: a failure rolls back that job's changes only, is logged
+    once, and is written on the job as its reason; the tick goes on with the others."""
+    savepoint = s.begin_nested()
+    try:
+        yield
+        savepoint.commit()
+    except Exception as exc:  # noqa: BLE001 - one bad job must not stop everyone's tick
+        savepoint.rollback()
+        message = f"gbroker could not process this job: {type(exc).__name__}: {exc}"[:500]
+        if svc.tick_errors.get(job.id) != message:
+            svc.tick_errors[job.id] = message
+            log.exception("job %s: %s", job.id, message)
+            with s.begin_nested():
+                row = s.get(Job, job.id)
+                if row is not None:
+                    row.reason = message + "; an admin should look at the daemon log"
+                    row.updated_at = now
+                    store.add_event(s, "tick_error", message, now=now, job_id=job.id)
+
+
+def _probe_saves(svc: Services, pairs: list[tuple[Job, Attempt]]) -> dict[int, SaveFacts]:
+    """job id -> what its checkpoint directory shows, for the jobs whose attempt just ended."""
+    wanted: dict[str, list[str]] = {}
+    dirs: dict[int, tuple[str, str]] = {}
+    for job, _att in pairs:
+        try:
+            directory = checkpoint_dir_of(job)
+        except Exception as exc:  # noqa: BLE001 - a job whose spec cannot be read has no directory to look at
+            log.debug("job %s: no checkpoint directory (%s)", job.id, exc)
+            continue
+        dirs[job.id] = (job.owner_name, directory)
+        wanted.setdefault(job.owner_name, []).append(directory)
+    found = svc.files.probe_many(wanted)
+    out = {}
+    for job_id, (owner, directory) in dirs.items():
+        facts = found.get((owner, directory))
+        if facts is not None:
+            out[job_id] = facts
+            svc.saves.remember(owner, {directory: facts})
+    return out
 
 
 # -- following a job that is still in the queue --------------------------------
@@ -222,7 +306,7 @@ def _deadline_fallback(
     policy's safety net turns to on-demand while the time left still covers
     the work. A forced partition (the user's choice) is never moved.
     """
-    spec = spec_from_dict(json.loads(job.spec_json))
+    spec = stored_spec(job)
     if spec.partition:
         return
     placement = _place_now(svc, job, spec, now, current=Capacity.NONE, done_s=job.done_s or 0)
@@ -272,11 +356,12 @@ def _deadline_while_running(
     if att.outcome == MOVING_OUTCOME:
         plan.off_spot.append(sj.job_id)
         return
-    spec = spec_from_dict(json.loads(job.spec_json))
+    spec = stored_spec(job)
     if spec.partition:
         return
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
-    done, safe = progress_s(spec, attempts, now)
+    saves = svc.saves.latest(job.owner_name, checkpoint_dir_of(job)) if spec.checkpointable else None
+    done, safe = progress_s(spec, attempts, now, saves.saved_at if saves else None)
     placement = _place_now(svc, job, spec, now, current=Capacity.SPOT, done_s=done, safe_done_s=safe)
     if placement.capacity != Capacity.ONDEMAND:
         return
@@ -333,10 +418,11 @@ def _settle(
     still_queued: SlurmJob | None,
     now: datetime,
     plan: TickPlan,
+    saves: SaveFacts | None,
 ) -> None:
     rows = sorted(rows, key=lambda r: (_utc(r.start) or now, r.end is None))
     if still_queued is not None:
-        _requeued(s, svc, job, att, rows, still_queued, now, plan)
+        _requeued(s, svc, job, att, rows, still_queued, now, plan, saves)
         return
     if not rows:
         # Not in squeue, not (yet) in sacct: accounting may lag. Unknown, never completed.
@@ -354,7 +440,7 @@ def _settle(
         store.set_job_state(s, job, JobState.COMPLETED, "completed", now=now)
     elif state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
         att.state = state
-        att.lost_s = _lost_s(job, att)
+        att.lost_s = _lost_s(att, saves)
         job.reclaims = (job.reclaims or 0) + 1
         _recover(s, svc, job, att, now, plan, requeued=None)
     elif state == AttemptState.CANCELLED:
@@ -366,12 +452,12 @@ def _settle(
     elif state == AttemptState.FAILED:
         att.state = state
         job.failures = (job.failures or 0) + 1
-        spec = spec_from_dict(json.loads(job.spec_json))
+        spec = stored_spec(job)
         if job.failures > spec.max_retries:
             store.set_job_state(
                 s, job, JobState.FAILED,
                 f"the program failed {job.failures} times (last exit {final.exit_code}); "
-                f"see {spec.workdir}/gbroker-{job.id}.out",
+                f"see {log_path_of(job)}",
                 now=now,
             )
         else:
@@ -392,6 +478,7 @@ def _requeued(
     sj: SlurmJob,
     now: datetime,
     plan: TickPlan,
+    saves: SaveFacts | None,
 ) -> None:
     """Slurm requeued the job itself: close the attempt, open the next on the same Slurm job."""
     ended = [r for r in rows if r.end is not None and r.state in ATTEMPT_TERMINAL]
@@ -403,7 +490,7 @@ def _requeued(
         att.started_at = att.started_at or _utc(last.start)
         att.nodes = att.nodes or ",".join(last.nodelist)
     att.ended_at = att.ended_at or now
-    att.lost_s = _lost_s(job, att)
+    att.lost_s = _lost_s(att, saves)
     node_failed = bool(ended) and ended[-1].state == AttemptState.RECLAIMED
     if att.outcome == MOVING_OUTCOME and not node_failed:
         # Our own requeue (sacct: REQUEUED), not a reclaim: the next run is on on-demand.
@@ -439,7 +526,7 @@ def _recover(
     requeued: SlurmJob | None,
 ) -> None:
     """Ask the policy what to do after a reclaim, and plan it."""
-    spec = spec_from_dict(json.loads(job.spec_json))
+    spec = stored_spec(job)
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
     view = job_view(
         spec,
@@ -517,19 +604,24 @@ def _run_s(att: Attempt) -> int:
     return max(0, int((_utc(att.ended_at) - _utc(att.started_at)).total_seconds()))  # type: ignore[operator]
 
 
-def _lost_s(job: Job, att: Attempt) -> int:
-    """Work lost since the last checkpoint (all of the attempt when there is none)."""
+SAVE_CLOCK_SLACK_S = 5
+"""A save stamped this much after the attempt's end still counts for it (node and controller clocks)."""
+
+
+def _lost_s(att: Attempt, saves: SaveFacts | None) -> int:
+    """Work lost since the last save in this attempt (all of the attempt when none is known).
+
+    ``saves`` is what the checkpoint directory showed, learned as its owner;
+    a save outside this attempt's run says nothing about it.
+    """
     run = _run_s(att)
-    spec = spec_from_dict(json.loads(job.spec_json))
-    if spec.checkpoint_style == "none" or not spec.checkpoint_dir or att.started_at is None:
-        return run
-    saved = last_saved_at(spec.checkpoint_dir)
-    if saved is None:
+    saved = saves.saved_at if saves is not None else None
+    if saved is None or att.started_at is None or att.ended_at is None:
         return run
     saved_dt = datetime.fromtimestamp(saved, UTC)
     start, end = _utc(att.started_at), _utc(att.ended_at)
     assert start is not None and end is not None
-    if saved_dt < start:
+    if saved_dt < start or saved_dt > end + timedelta(seconds=SAVE_CLOCK_SLACK_S):
         return run
     return max(0, int((end - min(saved_dt, end)).total_seconds()))
 
@@ -567,13 +659,15 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
         except SlurmUnavailable as exc:
             svc.slurm_down(now, str(exc))
             return
-        except SlurmError as exc:
+        except BrokerError as exc:
+            why = exc.stderr.strip() if isinstance(exc, SlurmError) else exc.message
+            log.warning("job %s: resubmission refused: %s", job_id, why)
             with svc.tx() as s:
                 job = must_get(s, Job, job_id)
                 att = must_get(s, Attempt, attempt_id)
                 att.state = AttemptState.FAILED
                 att.ended_at = now
-                store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the resubmission: {exc.stderr.strip()}", now=now)
+                store.set_job_state(s, job, JobState.FAILED, f"the resubmission was refused: {why}", now=now)
 
 
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:

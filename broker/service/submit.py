@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
+from broker import proc
 from broker.api import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
-from broker.errors import PermissionDenied, SlurmError, SlurmUnavailable, SpecError
+from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.service.admission import admit
 from broker.service.context import Services, must_get
 from broker.service.placement import capacity_of_partition, job_view, market_view
@@ -32,6 +34,10 @@ from policies import Capacity
 log = logging.getLogger(__name__)
 
 
+KEY_RE = re.compile(r"^gb-[0-9a-z]{8,40}$")
+"""A job key: made by the client (so a retry after a lost answer names the same job) or by the daemon."""
+
+
 def new_key() -> str:
     return "gb-" + secrets.token_hex(6)
 
@@ -41,10 +47,17 @@ def slurm_name(key: str, attempt_number: int) -> str:
     return f"{key}-{attempt_number}"
 
 
-def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str, Any]:
+def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> dict[str, Any]:
+    """Admit and submit one job; with a key that names a job of the caller's, return that job.
+
+    Everything that can refuse the job (the spec, the batch script and sbatch
+    options, Slurm's pre-flight, the job log, quota and budget) runs before
+    anything is stored: a refused submission leaves no row.
+    """
     now = svc.clock.now()
     if not isinstance(spec_data, dict):
         raise SpecError("the job spec must be a table of fields")
+    key = _job_key(key)
     spec = spec_from_dict(
         spec_data,
         now=now,
@@ -52,6 +65,9 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         max_gpus_per_node=svc.settings.max_gpus_per_node,
         max_nodes=svc.settings.max_nodes,
     )
+    again = _already_submitted(svc, caller, key, spec, now)
+    if again is not None:
+        return again
     _check_can_submit(svc, caller)
 
     if spec.partition:
@@ -64,8 +80,69 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         partition = svc.settings.partition_for(capacity)
         placed_by = f"{svc.policy.name}: {placement.reason}"
 
+    # The whole sbatch request, validated now: nothing about it can fail after the intent.
+    request_for(spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
+                owner_name=caller.name, log_path="/dev/null")
     preflight(svc, caller, spec, partition, Capacity(capacity))
-    key = new_key()
+    log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
+    try:
+        job_id, attempt_id, note = _store_intent(svc, caller, spec, key, capacity, partition, placed_by,
+                                                 log_path, now)
+    except BaseException:
+        svc.files.remove(caller.name, log_path)  # refused after all: leave nothing behind
+        raise
+    svc.crash.reach("after_intent")
+
+    try:
+        slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
+    except SlurmUnavailable as exc:
+        slurm_id = None
+        note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
+        log.warning("submit of job %s deferred: %s", job_id, exc)
+    except SlurmError as exc:
+        # The pre-flight passed but sbatch refused anyway (the cluster changed in between): say why.
+        with svc.tx() as s:
+            job = must_get(s, Job, job_id)
+            store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the job: {exc.stderr.strip()}", now=now)
+        raise SpecError(
+            f"Slurm refused the job: {_slurm_reason(exc)}",
+            hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
+        ) from None
+    with svc.sessions() as s:
+        job = must_get(s, Job, job_id)
+        result = job_summary(s, job, now)
+    if note:
+        result["note"] = note
+    result["slurm_job_id"] = slurm_id
+    return result
+
+
+def _job_key(key: Any) -> str:
+    if key is None:
+        return new_key()
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise SpecError(f"key: {str(key)[:60]!r} is not a job key",
+                        hint="leave it out (gbroker makes one), or use 'gb-' and 8-40 lower-case letters or digits")
+    return key
+
+
+def _already_submitted(svc: Services, caller: Caller, key: str, spec: JobSpec, now: datetime) -> dict[str, Any] | None:
+    """The job a retried submission (same key) made the first time, or None for a new key."""
+    with svc.sessions() as s:
+        job = store.get_job_by_key(s, key)
+        if job is None:
+            return None
+        store.check_same_request(job, caller.uid, store.spec_json(spec))
+        result = job_summary(s, job, now)
+    result["note"] = "already submitted with this key: this is the job the first request made"
+    return result
+
+
+def _store_intent(
+    svc: Services, caller: Caller, spec: JobSpec, key: str, capacity: str, partition: str, placed_by: str,
+    log_path: str, now: datetime,
+) -> tuple[int, int, str]:
+    """Admission and the intent in one locked transaction; (job id, attempt id, admission note)."""
     with svc.tx() as s:
         admission = admit(s, svc, caller, spec, capacity, partition, now)
         job = store.create_job(
@@ -81,6 +158,7 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
             reserved_micros=admission.reserved_micros,
             now=now,
         )
+        job.log_path = log_path
         attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
         store.add_event(s, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now, job_id=job.id)
         s.flush()
@@ -93,31 +171,40 @@ def submit(svc: Services, caller: Caller, spec_data: dict[str, Any]) -> dict[str
         except BaseException:
             svc.sbatch_finished(attempt_id, committed=False)
             raise
-    svc.crash.reach("after_intent")
+    return job_id, attempt_id, admission.note
 
-    note = admission.note
+
+def stored_spec(job: Job) -> JobSpec:
+    """The job's spec as stored at submit (checked again; a relative deadline was anchored then)."""
+    return spec_from_dict(json.loads(job.spec_json))
+
+
+def default_workdir(spec: JobSpec, owner_name: str) -> str:
+    """Where a job runs: its workdir, else its owner's home (never a shared directory such as /tmp).
+
+    A user this machine does not know has no home: "/", where nobody may write, so such a job
+    is refused when its log cannot be made.
+    """
+    if spec.workdir:
+        return spec.workdir
     try:
-        slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
-    except SlurmUnavailable as exc:
-        slurm_id = None
-        note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
-        log.warning("submit of job %s deferred: %s", job_id, exc)
-    except SlurmError as exc:
-        # The pre-flight passed but sbatch refused anyway: keep the record, say why.
-        with svc.tx() as s:
-            job = must_get(s, Job, job_id)
-            store.set_job_state(s, job, JobState.FAILED, f"Slurm refused the job: {exc.stderr.strip()}", now=now)
-        raise SpecError(
-            f"Slurm refused the job: {_slurm_reason(exc)}",
-            hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
-        ) from None
-    with svc.sessions() as s:
-        job = must_get(s, Job, job_id)
-        result = job_summary(s, job, now)
-    if note:
-        result["note"] = note
-    result["slurm_job_id"] = slurm_id
-    return result
+        return proc.identity(owner_name).home
+    except NotFound:
+        return "/"
+
+
+def checkpoint_dir_for(spec: JobSpec, job_id: int, owner_name: str) -> str:
+    """GBROKER_CHECKPOINT_DIR: the job's own, else ``<workdir>/.gbroker/<job id>``."""
+    return spec.checkpoint_dir or f"{default_workdir(spec, owner_name).rstrip('/')}/.gbroker/{job_id}"
+
+
+def checkpoint_dir_of(job: Job) -> str:
+    return checkpoint_dir_for(stored_spec(job), job.id, job.owner_name)
+
+
+def log_path_of(job: Job) -> str:
+    """The job's log (jobs stored before logs were created at submit used ``gbroker-<id>.out``)."""
+    return job.log_path or f"{default_workdir(stored_spec(job), job.owner_name).rstrip('/')}/gbroker-{job.id}.out"
 
 
 def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool = False) -> int | None:
@@ -139,8 +226,7 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
             attempt = must_get(s, Attempt, attempt_id)
             if attempt.slurm_job_id is not None:
                 return attempt.slurm_job_id  # already in Slurm (an earlier sbatch was committed)
-            spec = spec_from_dict(json.loads(job.spec_json))
-            request = build_request(svc, job, attempt, spec)
+            request = build_request(svc, job, attempt, stored_spec(job))
         slurm_id = svc.backend.submit(request)
         svc.crash.reach("after_sbatch")
         now = svc.clock.now()
@@ -172,6 +258,7 @@ def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> S
         partition=attempt.partition or svc.settings.partition_for(attempt.capacity.value),
         capacity=Capacity(attempt.capacity),
         owner_name=job.owner_name,
+        log_path=job.log_path,
     )
 
 
@@ -200,10 +287,11 @@ def request_for(
     partition: str,
     capacity: Capacity,
     owner_name: str,
+    log_path: str | None,
 ) -> SubmitRequest:
-    workdir = spec.workdir or "/tmp"
+    workdir = default_workdir(spec, owner_name)
     lead = warning_lead_s(spec)
-    checkpoint_dir = spec.checkpoint_dir or f"{workdir}/.gbroker/{job_id}"
+    checkpoint_dir = checkpoint_dir_for(spec, job_id, owner_name)
     program: dict[str, object] = (
         {"command": list(spec.command)} if spec.command else {"script_text": spec.script}
     )
@@ -213,6 +301,7 @@ def request_for(
         checkpoint_dir=checkpoint_dir,
         resume_from=checkpoint_dir if attempt_number > 1 else None,
         warning_signal_s=lead,
+        env=spec.env,
         **program,  # type: ignore[arg-type]
     )
     return SubmitRequest(
@@ -226,9 +315,9 @@ def request_for(
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         time_limit_s=spec.time_limit_s,
-        output=f"{workdir}/gbroker-{job_id}.out",
+        # Jobs stored before logs were made at submit keep their old name.
+        output=log_path or f"{workdir.rstrip('/')}/gbroker-{job_id}.out",
         requeue=capacity == Capacity.SPOT,
-        env=dict(spec.env),
         signal=None if lead is None else f"B:USR1@{lead}",
     )
 
@@ -262,13 +351,15 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
         return
     req = request_for(
         spec, job_id=0, key="gb-preflight", attempt_number=1, partition=partition, capacity=capacity,
-        owner_name=caller.name,
+        owner_name=caller.name, log_path="/dev/null",
     )
     try:
         svc.backend.check(req)
     except SlurmUnavailable:
         return
     except SlurmError as exc:
+        if exc.hint and "directory" in exc.hint:
+            raise SpecError(f"workdir {req.workdir}: {exc.message}", hint=exc.hint) from None
         if not any(marker in (exc.stderr or exc.message).lower() for marker in REFUSALS):
             # --test-only also fails when the nodes are merely busy or powering down right now;
             # a real submission would wait for them. Let sbatch decide.

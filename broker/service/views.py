@@ -79,4 +79,5 @@ def job_detail(session: Session, job: Job, now: datetime) -> dict[str, Any]:
         select(Event).where(Event.job_id == job.id).order_by(Event.id)
     ).scalars()
     out["events"] = [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events]
+    out["log"] = job.log_path
     return out

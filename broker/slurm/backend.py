@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from broker.states import AttemptState, NodeState
@@ -64,7 +64,6 @@ class SubmitRequest:
     output: str | None = None
     requeue: bool = True
     hold: bool = False
-    env: dict[str, str] = field(default_factory=dict)
     constraint: str | None = None
     signal: str | None = None
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
@@ -20,18 +19,11 @@ from broker.errors import SlurmError, SpecError
 from broker.slurm import parse
 from broker.slurm.backend import UPDATE_FIELDS, Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
 from broker.slurm.hostlist import compress
-from broker.slurm.runner import RunFn, Runner
+from broker.slurm.runner import RunFn, Runner, clean_env
 
 log = logging.getLogger(__name__)
 
-# Variables that change what Slurm clients print or do behind our options' back.
-_CLIENT_ENV_PREFIXES = ("SQUEUE_", "SINFO_", "SACCT_", "SBATCH_", "SCONTROL_", "SCANCEL_")
-_CLIENT_ENV_EXACT = frozenset({"SLURM_CLUSTERS", "SLURM_TIME_FORMAT", "TZ"})
 
-# Variables a submitted job inherits from the daemon; everything else comes from the request.
-_SUBMIT_BASE_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
 
 # Errors that only say "that job is already gone": cancelling it again is a no-op.
 _ALREADY_DONE = (
@@ -93,34 +85,23 @@ class CliBackend(Backend):
     def _base_environ(self) -> Mapping[str, str]:
         return os.environ if self._environ is None else self._environ
 
+    def _slurm_conf(self) -> dict[str, str]:
+        conf = self._base_environ().get("SLURM_CONF")
+        return {"SLURM_CONF": conf} if conf else {}
+
     def query_env(self) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in self._base_environ().items()
-            if not k.startswith(_CLIENT_ENV_PREFIXES) and k not in _CLIENT_ENV_EXACT
-        }
-        env["TZ"] = "UTC"
-        env["SLURM_TIME_FORMAT"] = "standard"
-        return env
+        """Queries and control commands: the clean base, UTC times in ISO form."""
+        return clean_env({**self._slurm_conf(), "TZ": "UTC", "SLURM_TIME_FORMAT": "standard"})
 
     def submit_env(self, req: SubmitRequest) -> dict[str, str]:
-        """The submitted job's environment: a few basics plus what the request names.
+        """sbatch's environment, which the job inherits: the clean base only.
 
-        Never the daemon's own variables (database passwords, tokens...).
+        Never the daemon's own variables (database passwords, tokens) and
+        never the job's ``env``: sbatch reads its environment (SBATCH_*,
+        SLURM_*, PATH to find itself and its plugins), so what the user asks
+        for reaches the job through its batch script instead.
         """
-        base = self._base_environ()
-        env = {k: base[k] for k in _SUBMIT_BASE_ENV if k in base}
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        for key, value in req.env.items():
-            if not _ENV_NAME.match(key) or key.startswith(_RESERVED_ENV_PREFIXES):
-                raise SpecError(
-                    f"environment variable name {key!r} is not allowed",
-                    hint="use letters, digits and '_' and do not start with SLURM_ or SBATCH_",
-                )
-            if "\0" in value:
-                raise SpecError(f"environment variable {key} contains a NUL byte")
-            env[key] = value
-        return env
+        return clean_env(self._slurm_conf())
 
     def _query(self, argv: list[str]) -> str:
         return self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env()).stdout
@@ -151,6 +132,7 @@ class CliBackend(Backend):
             f"--time={time_limit_minutes(req.time_limit_s)}",
             "--requeue" if req.requeue else "--no-requeue",
             "--export=ALL",
+            "--open-mode=append",
         ]
         if req.account:
             argv.append(f"--account={req.account}")
@@ -174,6 +156,7 @@ class CliBackend(Backend):
             env=self.submit_env(req),
             user=req.user,
             input=req.script,
+            cwd=req.workdir if req.user is not None else None,
         )
         try:
             return parse.parse_sbatch_parsable(result.stdout)
@@ -186,7 +169,8 @@ class CliBackend(Backend):
         argv = self.sbatch_argv(req)
         argv.insert(1, "--test-only")
         self.runner.run(
-            argv, timeout_s=self.submit_timeout_s, env=self.submit_env(req), user=req.user, input=req.script
+            argv, timeout_s=self.submit_timeout_s, env=self.submit_env(req), user=req.user, input=req.script,
+            cwd=req.workdir if req.user is not None else None,
         )
 
     # -- reads ------------------------------------------------------------

@@ -16,19 +16,18 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import pwd
-import subprocess
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable
+from broker import proc
+from broker.errors import SlurmError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_BIN_DIR = "/usr/bin"
 
 # stderr fragments that mean "the controller (or slurmdbd) did not answer",
 # as opposed to "Slurm answered no". Matched case-insensitively.
@@ -104,6 +103,7 @@ class RunFn(Protocol):
         env: Mapping[str, str] | None = None,
         user: str | None = None,
         input: str | None = None,
+        cwd: str | None = None,
     ) -> CompletedRun: ...
 
 
@@ -121,42 +121,46 @@ def _last_error_line(stderr: str) -> str:
     return lines[-1] if lines else ""
 
 
-@dataclass(frozen=True)
-class _Identity:
-    uid: int
-    gid: int
-    groups: list[int]
-    name: str
-    home: str
-
-
-def _identity(user: str) -> _Identity:
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise NotFound(
-            f"no Unix user named {user!r} on this machine",
-            hint="create the account (or fix the user name) before submitting as it",
-        ) from None
-    groups = sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))
-    return _Identity(pw.pw_uid, pw.pw_gid, groups, pw.pw_name, pw.pw_dir)
-
-
 def _describe(argv: list[str]) -> str:
     return " ".join(argv[:3]) + (" ..." if len(argv) > 3 else "")
 
 
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every Slurm command starts from: fixed basics, the cluster's SLURM_CONF.
+
+    Nothing else of the daemon's environment (passwords, tokens) and nothing a
+    user wrote: Slurm's tools read their environment (SBATCH_*, SLURM_*), so
+    only gbroker decides it.
+    """
+    env = {"PATH": proc.SAFE_PATH, "LANG": "C.UTF-8"}
+    if os.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    if extra:
+        env.update(extra)
+    return env
+
+
 class Runner:
-    """Runs Slurm commands; owns the call counter."""
+    """Runs Slurm commands by absolute path; owns the call counter."""
 
     def __init__(
         self,
         *,
         counter: CallCounter | None = None,
         default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        bin_dir: str = DEFAULT_BIN_DIR,
     ) -> None:
         self.counter = counter if counter is not None else CallCounter()
         self.default_timeout_s = default_timeout_s
+        if not bin_dir.startswith("/"):
+            raise ValueError(f"the Slurm bin directory must be absolute, not {bin_dir!r}")
+        self.bin_dir = bin_dir
+
+    def resolve(self, program: str) -> str:
+        """'sbatch' -> '/usr/bin/sbatch': Slurm's commands come from the configured directory only."""
+        if "/" in program:
+            raise ValueError(f"Slurm commands are named, not given as paths: {program!r}")
+        return os.path.join(self.bin_dir, program)
 
     def run(
         self,
@@ -166,96 +170,78 @@ class Runner:
         env: Mapping[str, str] | None = None,
         user: str | None = None,
         input: str | None = None,
+        cwd: str | None = None,
     ) -> CompletedRun:
         """Run ``argv``; return its output or raise SlurmError / SlurmUnavailable.
 
-        ``env`` is the child's whole environment (None: inherit ours), so a
-        submitted job never sees the daemon's own variables by accident.
-        ``user`` runs the command as that Unix user (only root may); the job
-        sbatch creates then belongs to that user in Slurm.
+        ``argv[0]`` is a Slurm command's name, run from the configured bin
+        directory. ``env`` is the child's whole environment (None: the clean
+        base of :func:`clean_env`), so a submitted job never sees the daemon's
+        own variables by accident. ``user`` runs the command as that Unix user
+        (only root may); the job sbatch creates then belongs to that user in
+        Slurm. ``cwd`` is where it runs (default ``/`` for another user).
         """
         if not argv or not all(isinstance(a, str) for a in argv):
             raise TypeError("argv must be a non-empty list of str")
         if any("\0" in a for a in argv):
             raise SlurmError("refusing to run a Slurm command with a NUL byte", argv=argv)
         timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        child_env = dict(os.environ if env is None else env)
-        run_uid: int | None = None
-        run_gid: int | None = None
-        run_groups: list[int] | None = None
-        cwd: str | None = None
+        child_env = dict(clean_env() if env is None else env)
+        ident = None
         if user is not None:
-            ident = _identity(user)
-            if os.geteuid() != ident.uid:
-                if os.geteuid() != 0:
-                    raise PermissionDenied(
-                        f"cannot run Slurm commands as {user!r}: this process is not root",
-                        hint="run the gbroker daemon as root, or act as yourself",
-                    )
-                run_uid, run_gid, run_groups = ident.uid, ident.gid, ident.groups
+            ident = proc.identity(user)
             child_env.update(HOME=ident.home, USER=ident.name, LOGNAME=ident.name)
-            cwd = "/"
-
+        full = [self.resolve(argv[0]), *argv[1:]]
         self.counter.record(argv)
-        start = time.monotonic()
         try:
-            proc = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                text=True,
-                env=child_env,
-                timeout=timeout,
-                check=False,
-                cwd=cwd,
-                user=run_uid,
-                group=run_gid,
-                extra_groups=run_groups,
-            )
-        except subprocess.TimeoutExpired as exc:
-            elapsed = time.monotonic() - start
-            log.debug("slurm call %s timed out after %.3fs", _describe(argv), elapsed)
-            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            result = proc.run(full, env=child_env, timeout_s=timeout, user=ident,
+                              input=None if input is None else input.encode(), cwd=cwd)
+        except proc.CommandNotRunnable as exc:
+            if exc.missing_cwd:
+                raise SlurmError(
+                    f"cannot run {argv[0]} in {cwd}: {exc.message}", argv=argv,
+                    hint="the directory must exist and be yours to enter",
+                ) from None
+            raise SlurmError(
+                f"Slurm command {full[0]!r} not found or not executable",
+                argv=argv,
+                hint="install the Slurm client tools (slurm-client), or set slurm_bin_dir",
+            ) from None
+        stdout, stderr = result.out, result.err
+        log.debug(
+            "slurm call %s rc=%s in %.3fs%s",
+            _describe(argv),
+            result.returncode,
+            result.elapsed_s,
+            f" as {user}" if user else "",
+        )
+        if result.timed_out:
             raise SlurmUnavailable(
-                f"{os.path.basename(argv[0])} did not answer within {timeout:g}s",
+                f"{argv[0]} did not answer within {timeout:g}s",
                 argv=argv,
                 returncode=None,
                 stderr=stderr,
                 hint="the Slurm controller may be down or overloaded; gbroker retries on the next tick",
-            ) from None
-        except FileNotFoundError:
-            raise SlurmError(
-                f"Slurm command {argv[0]!r} not found",
-                argv=argv,
-                hint="install the Slurm client tools (slurm-client) or fix PATH",
-            ) from None
-        elapsed = time.monotonic() - start
-        log.debug(
-            "slurm call %s rc=%d in %.3fs%s",
-            _describe(argv),
-            proc.returncode,
-            elapsed,
-            f" as {user}" if user else "",
-        )
-        if proc.returncode != 0:
-            name = os.path.basename(argv[0])
-            detail = _last_error_line(proc.stderr) or f"exit code {proc.returncode}"
-            if is_unavailable(proc.stderr):
+            )
+        if result.returncode != 0:
+            name = argv[0]
+            detail = _last_error_line(stderr) or f"exit code {result.returncode}"
+            if is_unavailable(stderr):
                 raise SlurmUnavailable(
                     f"{name}: Slurm did not answer: {detail}",
                     argv=argv,
-                    returncode=proc.returncode,
-                    stderr=proc.stderr,
+                    returncode=result.returncode,
+                    stderr=stderr,
                     hint="check that slurmctld (and slurmdbd for history) run; "
                     "gbroker treats jobs as unknown meanwhile",
                 )
             raise SlurmError(
                 f"{name} failed: {detail}",
                 argv=argv,
-                returncode=proc.returncode,
-                stderr=proc.stderr,
+                returncode=result.returncode,
+                stderr=stderr,
             )
-        return CompletedRun(argv, proc.stdout, proc.stderr, proc.returncode, elapsed)
+        return CompletedRun(argv, stdout, stderr, result.returncode or 0, result.elapsed_s)
 
 
 def run(

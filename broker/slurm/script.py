@@ -28,6 +28,7 @@ import shlex
 from collections.abc import Sequence
 
 from broker.errors import SpecError
+from broker.spec import check_env_name
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -99,6 +100,7 @@ def render_batch_script(
     script_text: str | None = None,
     resume_from: str | None = None,
     warning_signal_s: int | None = None,
+    env: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The bash script for one attempt.
 
@@ -107,7 +109,9 @@ def render_batch_script(
     (the user's job script itself); scripts run with ``/bin/bash``.
     ``warning_signal_s`` is exported as GBROKER_WARNING_SECONDS for the
     program's information; the signal itself is requested by the caller
-    with sbatch ``--signal``.
+    with sbatch ``--signal``. ``env`` is the job's own environment
+    (name, value) pairs, exported here so it reaches the program and never
+    sbatch itself.
     """
     given = [x for x in (command, script_path, script_text) if x is not None]
     if len(given) != 1:
@@ -164,6 +168,11 @@ def render_batch_script(
             raise SpecError(f"warning signal seconds must be >= 0, got {warning_signal_s!r}")
         lines.append(f"export GBROKER_WARNING_SECONDS={int(warning_signal_s)}")
     lines.append('mkdir -p -- "$GBROKER_CHECKPOINT_DIR"')
+    for name, value in env:
+        check_env_name(name)
+        if "\0" in value:
+            raise SpecError(f"env.{name} contains a NUL byte")
+        lines.append(f"export {name}={shlex.quote(value)}")
     lines.extend(prelude)
     if argv:
         command_line = " ".join(shlex.quote(a) for a in argv)

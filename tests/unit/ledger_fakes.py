@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker.api import Caller
+from broker.service.userfiles import SaveFacts, UserFiles
 from broker.clock import FakeClock
 from broker.config import Settings
 from broker.errors import SlurmError, SlurmUnavailable
@@ -249,6 +250,26 @@ class FakeSlurm(Backend):
                 if r.end is not None]
 
 
+class FakeUserFiles(UserFiles):
+    """Users' files without users: logs get a made-up path, checkpoint saves are what a test sets."""
+
+    def __init__(self) -> None:
+        self.saved_at: dict[str, float] = {}
+        self.logs: list[str] = []
+
+    def create_log(self, owner: str, workdir: str, name: str) -> str:
+        path = f"{workdir.rstrip('/')}/gbroker-{name}-{len(self.logs):06d}.out"
+        self.logs.append(path)
+        return path
+
+    def remove(self, owner: str, path: str) -> None:
+        if path in self.logs:
+            self.logs.remove(path)
+
+    def probe(self, owner: str, dirs: list[str], timeout_s: float = 0) -> dict[str, SaveFacts] | None:
+        return {d: SaveFacts(manifest_at=self.saved_at.get(d)) for d in dirs}
+
+
 # -- services ----------------------------------------------------------------------------
 START = datetime.fromisoformat("2026-10-01T08:00:00+00:00")
 
@@ -256,7 +277,8 @@ START = datetime.fromisoformat("2026-10-01T08:00:00+00:00")
 def make_services(db_url: str, clock: FakeClock, slurm: FakeSlurm, crash: Any = None, migrate: bool = True) -> Services:
     settings = Settings(db_url=db_url, socket="/nonexistent.sock", tick_seconds=1.0, policy="simple",
                         max_spot_reclaims=2)
-    svc = build_services(settings, backend=slurm, clock=clock, crash=crash or RaisingCrashPoints())
+    svc = build_services(settings, backend=slurm, clock=clock, crash=crash or RaisingCrashPoints(),
+                         files=FakeUserFiles())
     if migrate:
         svc.migrate()
     return svc

@@ -105,3 +105,94 @@ def test_concurrent_callers(server):
     for t in threads:
         t.join()
     assert results == [os.getuid()] * 20
+
+
+# -- limits: one user cannot starve the others -------------------------------------------------
+def _limited(tmp: str, **kw: object) -> ApiServer:
+    from broker.api import Limits
+
+    srv = ApiServer(f"{tmp}/lim.sock", {"whoami": lambda c, a: {"uid": c.uid}},
+                    admin_group="gbroker-test-admins-none", limits=Limits(**kw))  # type: ignore[arg-type]
+    srv.serve_in_thread()
+    return srv
+
+
+def _raw(path: str, data: bytes, timeout: float = 10) -> bytes:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    s.connect(path)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    return out
+
+
+def test_idle_connections_beyond_the_per_uid_limit_are_answered_busy_and_cost_no_thread(tmp_path) -> None:
+    import json
+    import socket
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="gb-lim-")
+    srv = _limited(tmp, max_per_uid=3, max_connections=8, max_waiting_per_uid=16, read_timeout_s=5)
+    idle = []
+    try:
+        threads0 = threading.active_count()
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(srv.path)
+            idle.append(s)
+        import time
+
+        time.sleep(0.5)
+        assert threading.active_count() - threads0 <= 8
+        assert srv.open_connections() == {os.getuid(): 3}
+        assert srv.waiting_connections() == {os.getuid(): 16}
+        late = socket.socket(socket.AF_UNIX)
+        late.settimeout(5)
+        late.connect(srv.path)
+        answer = json.loads(late.recv(65536))  # refused at once, without reading anything
+        late.close()
+        assert answer["ok"] is False and answer["error"]["type"] == "Busy"
+    finally:
+        for s in idle:
+            s.close()
+    # The client retries a busy daemon, so a burst beyond the limit still gets its answers.
+    assert call(srv.path, "whoami")["uid"] == os.getuid()
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_request_that_never_ends_is_dropped_after_the_read_timeout() -> None:
+    import socket
+    import tempfile
+    import time
+
+    srv = _limited(tempfile.mkdtemp(prefix="gb-lim-"), read_timeout_s=0.5)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(srv.path)
+    s.sendall(b'{"op": "who')
+    t = time.monotonic()
+    s.settimeout(5)
+    assert s.recv(100) == b""  # closed without an answer to half a request
+    assert time.monotonic() - t < 2
+    assert srv.open_connections() == {}
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_too_large_and_too_deep_requests_get_an_answer() -> None:
+    import json
+    import tempfile
+
+    srv = _limited(tempfile.mkdtemp(prefix="gb-lim-"), max_request_bytes=1024 * 1024)
+    big = json.loads(_raw(srv.path, b'{"op": "whoami", "x": "' + b"y" * 3_000_000 + b'"}\n'))
+    assert big["ok"] is False and "too large" in big["error"]["message"]
+    deep = json.loads(_raw(srv.path, b'{"op": "whoami", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"))
+    assert deep["ok"] is False and "nested too deeply" in deep["error"]["message"]
+    srv.shutdown()
+    srv.server_close()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import os
-import stat
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -196,13 +196,15 @@ def test_at_limit_running_jobs_finish_or_are_cancelled(world: World) -> None:
     assert world.slurm.jobs_by_id[b].current.state_raw.startswith("CANCELLED")
 
 
-def test_thresholds_alert_once_each_with_log_and_hook(world: World, tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
-    out = tmp_path / "alerts.jsonl"
-    hook = tmp_path / "hook.sh"
+def test_thresholds_alert_once_each_with_log_and_hook(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    # The hook runs as the hook user (nobody), so it lives where nobody may run it and write.
+    place = Path(tempfile.mkdtemp(prefix="gb-alert-"))
+    place.chmod(0o777)
+    out = place / "alerts.jsonl"
+    hook = place / "hook.sh"
     hook.write_text(f"#!/bin/sh\necho \"$GBROKER_ALERT_THRESHOLD $GBROKER_ALERT_GROUP\" >> {out}\ncat >> {out}\n"
                     f"echo >> {out}\n")
-    hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
+    hook.chmod(0o755)
     world.ops()["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": "1.00",
                                      "thresholds": "50,80,100", "alert_command": [str(hook)]})
     sid = world.submit(time="10m")["slurm_job_id"]

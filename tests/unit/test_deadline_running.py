@@ -129,9 +129,6 @@ def test_a_failed_requeue_is_tried_again_at_the_next_tick(world: World) -> None:
 
 
 def test_progress_counts_kept_work_and_the_last_checkpoint(tmp_path: Path) -> None:
-    import json as _json
-
-    from broker.checkpoint import MANIFEST
     from broker.db.models import Attempt
     from broker.service.placement import progress_s
     from broker.spec import spec_from_dict
@@ -145,7 +142,8 @@ def test_progress_counts_kept_work_and_the_last_checkpoint(tmp_path: Path) -> No
     now = t0 + timedelta(seconds=1500)
     # No checkpoint of the running attempt yet: its 300 s are done but not safe.
     assert progress_s(ck, [first, second], now) == (900 + 300, 900)
-    (tmp_path / MANIFEST).write_text(_json.dumps({"saved_at": (t0 + timedelta(seconds=1400)).timestamp()}))
-    assert progress_s(ck, [first, second], now) == (1200, 900 + 200)
+    # The directory (seen as its owner) shows a save 200 s into the running attempt.
+    saved = (t0 + timedelta(seconds=1400)).timestamp()
+    assert progress_s(ck, [first, second], now, saved) == (1200, 900 + 200)
     # Without checkpoints only the running attempt counts, and none of it is safe.
     assert progress_s(plain, [first, second], now) == (300, 0)

@@ -42,3 +42,20 @@ def test_compress_is_a_plain_list() -> None:
 def test_compress_refuses_non_names(bad: str) -> None:
     with pytest.raises(ValueError):
         compress([bad])
+
+
+def test_count_and_limit_never_expand_a_huge_hostlist() -> None:
+    import time
+
+    from broker.slurm.hostlist import TooManyNodes, count
+
+    assert count("spot[1-4],od[1-2],x") == 7
+    assert count("r[1-2]n[01-03]") == 6
+    t = time.monotonic()
+    assert count("n[1-2000000]") == 2_000_000
+    with pytest.raises(TooManyNodes):
+        expand("n[1-2000000]", limit=10_000)
+    with pytest.raises(TooManyNodes):
+        expand("a[1-1000]b[1-1000]", limit=10_000)
+    assert time.monotonic() - t < 0.5
+    assert expand("spot[1-3]", limit=3) == ["spot1", "spot2", "spot3"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import sys
 
 import pytest
 
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable
 from broker.slurm.runner import CallCounter, Runner, is_unavailable, run
 
-PY = sys.executable
+PY = "python3"
+"""Commands are named, and run from the configured bin directory (/usr/bin by default)."""
 
 
 def test_success_returns_output_and_elapsed() -> None:
@@ -84,8 +84,17 @@ def test_timeout_raises_unavailable_quickly() -> None:
 
 def test_missing_command_is_a_slurm_error_with_a_hint() -> None:
     with pytest.raises(SlurmError) as info:
-        run(["/nonexistent/squeue"])
+        run(["no-such-squeue"])
     assert "slurm-client" in str(info.value)
+
+
+def test_commands_come_from_the_bin_directory_never_a_path() -> None:
+    with pytest.raises(ValueError):
+        run(["/tmp/sbatch"])
+    with pytest.raises(ValueError):
+        Runner(bin_dir="usr/bin")
+    r = Runner(bin_dir="/usr/bin").run(["sh", "-c", "echo $PATH"], env={"PATH": "/home/alice/evil"})
+    assert r.stdout.strip() == "/home/alice/evil"  # the child's PATH is what the caller gave; sh itself was /usr/bin/sh
 
 
 def test_no_shell_is_involved() -> None:

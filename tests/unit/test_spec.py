@@ -481,3 +481,33 @@ def test_one_problem_reads_as_one_line() -> None:
     with pytest.raises(SpecError) as info:
         parse(with_(nodes=0)())
     assert info.value.message == "nodes: must be at least 1, got 0"
+
+
+@pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "PYTHONPATH", "HOME",
+                                  "slurm_conf", "Sbatch_Account", "SRUN_CPU_BIND", "SALLOC_PARTITION",
+                                  "gbroker_attempt", "BASH_FUNC_x%%", "NODE_OPTIONS"])
+def test_env_names_that_steer_slurm_or_how_programs_load_are_refused(name: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse(with_(env={name: "x"})())
+    assert name in err.value.message or "valid variable name" in err.value.message
+    assert err.value.hint
+
+
+def test_env_names_a_job_may_use() -> None:
+    spec = parse(with_(env={"WANDB_MODE": "offline", "TMPDIR": "/scratch", "OMP_NUM_THREADS": "4"})())
+    assert dict(spec.env) == {"WANDB_MODE": "offline", "TMPDIR": "/scratch", "OMP_NUM_THREADS": "4"}
+
+
+def test_group_is_an_account_name_compared_ignoring_case() -> None:
+    assert parse(with_(group="VISION")()).group == "vision"
+    assert parse(with_(group="Vision-Lab")()).group == "vision-lab"
+
+
+def test_a_deeply_nested_job_file_is_a_clear_error(tmp_path: Path) -> None:
+    from broker.spec import load_job_file
+
+    f = tmp_path / "deep.toml"
+    f.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(SpecError) as err:
+        load_job_file(str(f))
+    assert str(f) in err.value.message and "nested" in err.value.message

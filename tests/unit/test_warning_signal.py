@@ -18,7 +18,7 @@ def spec(time_limit: str, **extra: object):  # type: ignore[no-untyped-def]
 
 def request(sp):  # type: ignore[no-untyped-def]
     return request_for(sp, job_id=7, key="gb-0123456789ab", attempt_number=1, partition="spot",
-                       capacity=Capacity.SPOT, owner_name="alice")
+                       capacity=Capacity.SPOT, owner_name="alice", log_path=None)
 
 
 def test_long_job_gets_the_warning_it_asked_for() -> None:

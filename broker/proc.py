@@ -1,0 +1,242 @@
+"""The one way gbroker runs another program: an argv list, never a shell.
+
+Every child gets:
+
+* an argv list (no shell, so no quoting mistakes) and an environment built by
+  the caller (nothing of the daemon's leaks in by accident);
+* a deadline, after which its whole session is killed (it runs in a session
+  of its own, so nothing it started survives);
+* bounded output: past ``max_output`` bytes on a stream the rest is dropped
+  and the child killed, so a hostile or runaway program cannot fill the
+  daemon's memory;
+* optionally another identity: with ``user`` it runs as that Unix user, with
+  the user's groups, from ``/`` (only root may ask). This is how the root
+  daemon does what must be done as a user (principle 10): submit the user's
+  job, look at the user's files.
+
+Callers give the result its meaning: the Slurm door (``broker.slurm.runner``)
+turns exit codes into SlurmError / SlurmUnavailable, providers into their
+own errors. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.errors import BrokerError, NotFound, PermissionDenied
+
+DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
+"""Bytes kept per stream by default; more is dropped and the child killed."""
+USER_UMASK = 0o022
+"""Programs run as a user get the usual umask, not the daemon's private 077 (sbatch passes
+its umask on to the job, whose files the user and their group expect to read)."""
+ENV_PROGRAM = "/usr/bin/env"
+"""coreutils env(1), which enters a directory (--chdir) after the identity changed."""
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""PATH for children that need one; never a user's."""
+
+
+class CommandNotRunnable(BrokerError):
+    """The program does not exist or may not be executed (or its directory cannot be entered)."""
+
+    def __init__(self, message: str, argv: Sequence[str], *, hint: str | None = None,
+                 missing_cwd: bool = False) -> None:
+        super().__init__(message, hint=hint)
+        self.argv = list(argv)
+        self.missing_cwd = missing_cwd
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A Unix user as the system's user database knows it."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    name: str
+    home: str
+
+
+def identity(user: str) -> Identity:
+    """Look a user up; NotFound with a hint when there is no such user."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise NotFound(
+            f"no Unix user named {user!r} on this machine",
+            hint="create the account (or fix the user name) first",
+        ) from None
+    groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
+    return Identity(pw.pw_uid, pw.pw_gid, groups, pw.pw_name, pw.pw_dir)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a child did."""
+
+    argv: list[str]
+    returncode: int | None
+    """None when it was killed at its deadline."""
+    stdout: bytes
+    stderr: bytes
+    elapsed_s: float
+    truncated: bool = False
+    """Output went past the cap; the child was killed."""
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    user: Identity | None = None,
+    input: bytes | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    cwd: str | None = None,
+) -> Result:
+    """Run ``argv`` to completion (or to its deadline) and return what it did.
+
+    ``user`` runs it as that user (the caller must be root, or be that user);
+    its working directory is then ``/`` unless ``cwd`` says otherwise.
+    Raises CommandNotRunnable when the program cannot be started.
+    """
+    args = [str(a) for a in argv]
+    if not args or any("\0" in a for a in args):
+        raise ValueError("argv must be a non-empty list without NUL bytes")
+    uid: int | None = None
+    gid: int | None = None
+    groups: list[int] | None = None
+    if user is not None:
+        if os.geteuid() != user.uid:
+            if os.geteuid() != 0:
+                raise PermissionDenied(
+                    f"cannot run {os.path.basename(args[0])} as {user.name!r}: this process is not root",
+                    hint="run the gbroker daemon as root, or act as yourself",
+                )
+            uid, gid, groups = user.uid, user.gid, list(user.groups)
+        if cwd not in (None, "/"):
+            # Enter the directory as the user, not as root: Popen's cwd is entered
+            # before the identity changes, which would let a user name a directory
+            # only root may enter.
+            args = [ENV_PROGRAM, f"--chdir={cwd}", "--", *args]
+        cwd = "/"
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            umask=USER_UMASK if user is not None else -1,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+        )
+    except OSError as exc:
+        if cwd is not None and exc.filename == cwd:
+            raise CommandNotRunnable(exc.strerror or str(exc), args, missing_cwd=True,
+                                     hint="the directory must exist and be enterable") from None
+        if isinstance(exc, FileNotFoundError):
+            raise CommandNotRunnable(f"program {args[0]!r} not found", args,
+                                     hint="install it, or fix the configured path") from None
+        if isinstance(exc, PermissionError):
+            raise CommandNotRunnable(f"program {args[0]!r} may not be executed", args,
+                                     hint="check its permissions and the configured path") from None
+        raise
+    stdout, stderr, truncated, timed_out = _pump(proc, input, start + timeout_s, max_output)
+    if timed_out or truncated:
+        _kill_session(proc)
+    code = proc.wait()
+    if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in stderr.split(b"\n", 1)[0]:
+        why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
+        raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
+    return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - start, truncated)
+
+
+def _pump(
+    proc: subprocess.Popen[bytes], data: bytes | None, deadline: float, cap: int
+) -> tuple[bytes, bytes, bool, bool]:
+    """Feed stdin and collect stdout/stderr until EOF, the deadline or the cap."""
+    out: dict[int, bytearray] = {}
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None
+    fo, fe = proc.stdout.fileno(), proc.stderr.fileno()
+    for stream in (proc.stdout, proc.stderr):
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ)
+        out[stream.fileno()] = bytearray()
+    view = memoryview(data or b"")
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        if view:
+            sel.register(proc.stdin, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+    truncated = False
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out[fo]), bytes(out[fe]), truncated, True
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                if key.fileobj is proc.stdin:
+                    try:
+                        sent = os.write(key.fd, view[:65536])
+                    except BrokenPipeError:
+                        sent = len(view)
+                    view = view[sent:]
+                    if not view:
+                        sel.unregister(key.fileobj)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = out[key.fd]
+                room = cap - len(buf)
+                buf += chunk[:max(0, room)]
+                if len(chunk) > room:
+                    truncated = True
+                    return bytes(out[fo]), bytes(out[fe]), True, False
+    finally:
+        sel.close()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+    # Output ended; the child may still be finishing. It gets the rest of its time.
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return bytes(out[fo]), bytes(out[fe]), truncated, True
+    return bytes(out[fo]), bytes(out[fe]), truncated, False
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
