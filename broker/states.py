@@ -57,6 +57,9 @@ class AttemptState(str, Enum):
     """Slurm preempted it for a higher-priority partition (requeue)."""
     MOVED = "moved"
     """gbroker took it off spot to keep the deadline (requeued onto on-demand)."""
+    LOST = "lost"
+    """Slurm lost the run itself (its controller restarted while the run started, or it
+    failed to launch it): neither a reclaim nor the program's failure. The job runs again."""
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
@@ -72,6 +75,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
         AttemptState.RECLAIMED,
         AttemptState.PREEMPTED,
         AttemptState.MOVED,
+        AttemptState.LOST,
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,
     }

@@ -180,7 +180,9 @@ class LedgerRun(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime | None]
     elapsed_s: Mapped[int] = mapped_column(Integer)
-    """sacct's ElapsedRaw: the truth the charge is computed from."""
+    """The run time charged: sacct's ElapsedRaw, or what gbroker saw (``elapsed_source``)."""
+    elapsed_source: Mapped[str] = mapped_column(String(16), default="sacct", server_default="sacct")
+    """``sacct``, or ``observed`` when accounting lost a run gbroker saw running (sacct shows 0 s)."""
     lost_s: Mapped[int] = mapped_column(Integer, default=0)
     total_micros: Mapped[int] = mapped_column(BigInteger)
     settled_at: Mapped[datetime]

@@ -81,6 +81,8 @@ class Services:
     """What is done with users' files (logs, checkpoint directories), as the user."""
     saves: SaveWatcher = field(init=False)
     """Running jobs' last checkpoint saves, learned as their owners in the background."""
+    unclear_since: dict[int, datetime] = field(default_factory=dict)
+    """Attempt id -> when the tick first saw its run end without a clear cause (see reconcile)."""
     tick_errors: dict[int, str] = field(default_factory=dict)
     """Job id -> the error that stopped its share of the last tick (logged once, not every tick)."""
 

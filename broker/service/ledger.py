@@ -59,7 +59,7 @@ GIVE_UP_AFTER = timedelta(hours=1)
 NO_ACCOUNTING = "NO_ACCOUNTING"
 ELAPSED_TOLERANCE_S = 2
 """Beyond this, the charge's event notes that sacct and the daemon's own view of a run differ."""
-LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.MOVED)
+LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.MOVED, AttemptState.LOST)
 HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
 
 
@@ -154,9 +154,10 @@ def _charge_slurm_job(
     done = 0
     for row in sorted(rows, key=lambda r: r.restarts):
         key = (sid, row.restarts)
-        if key in settled or row.end is None or row.state not in ATTEMPT_TERMINAL:
-            continue
         att = by_index.get(row.restarts)
+        forgotten = att is not None and att.state == AttemptState.LOST and row.end is None
+        if key in settled or ((row.end is None or row.state not in ATTEMPT_TERMINAL) and not forgotten):
+            continue  # still running; or a run the controller forgot, which reconcile closed as lost
         if att is not None and att.state not in ATTEMPT_TERMINAL:
             continue  # reconcile has not closed this attempt yet (its lost work is not known)
         if att is None and not (row.restarts < furthest or job.state in TERMINAL):
@@ -189,13 +190,23 @@ def _charge_run(
     capacity = _capacity_of(svc, partition, att)
     gpus = row.alloc_gpus or B.job_size(job).gpus
     elapsed = max(0, row.elapsed_s)
-    if row.state in LOST_STATES:
+    start = row.start
+    seen = _seen_s(att)
+    source = "sacct"
+    if row.end is None or row.state not in ATTEMPT_TERMINAL:
+        elapsed = 0  # accounting never closed this run: its elapsed time is not a figure to charge
+    lost_by_slurm = att is not None and att.state == AttemptState.LOST
+    if lost_by_slurm and seen and seen > elapsed and att is not None and att.started_at is not None:
+        # Slurm lost this run (a controller restart as it started) and accounting kept less
+        # than gbroker saw it hold its nodes: charge what gbroker saw, and say so.
+        elapsed, start, source = seen, att.started_at, "observed"
+    if row.state in LOST_STATES or (att is not None and att.state == AttemptState.LOST):
         lost = att.lost_s if att is not None and att.state in LOST_STATES and att.lost_s is not None else elapsed
     else:
         lost = 0
     lines = []
-    if row.start is not None and elapsed > 0:
-        run = Run(row.job_id, row.restarts, row.start, elapsed, gpus, partition, capacity, lost)
+    if start is not None and elapsed > 0:
+        run = Run(row.job_id, row.restarts, start, elapsed, gpus, partition, capacity, lost)
         ondemand = (svc.settings.ondemand_partition, "ondemand")
         lines = split_run(run, book, cuts=cuts, ondemand=ondemand)
     account = row.account or job.group_name
@@ -214,20 +225,23 @@ def _charge_run(
         slurm_job_id=row.job_id, run_index=row.restarts, job_id=job.id,
         attempt_id=att.id if att is not None else None, account=account, user_name=user,
         partition=partition, capacity=capacity, state_raw=row.state_raw[:64], gpus=gpus,
-        started_at=row.start, elapsed_s=elapsed, lost_s=min(lost, elapsed), total_micros=total, settled_at=now,
+        started_at=start, elapsed_s=elapsed, elapsed_source=source, lost_s=min(lost, elapsed), total_micros=total,
+        settled_at=now,
     ))
     s.flush()
     parts = f" in {len(lines)} parts" if len(lines) > 1 else ""
-    seen = _seen_s(att)
     differs = seen is not None and abs(seen - elapsed) > ELAPSED_TOLERANCE_S
     note = f"; sacct's {elapsed}s used, the daemon saw {seen}s" if differs else ""
+    if source == "observed":
+        note = (f"; accounting recorded {max(0, row.elapsed_s)} s for this run (Slurm lost it), "
+                "charged the time gbroker saw it run")
     store.add_event(
         s, "charged",
         f"run {row.restarts} of Slurm job {row.job_id} ({row.state_raw}, {elapsed}s x {gpus} GPU on "
         f"{partition}): {format_money(total)}{parts}{note}",
         now=now, job_id=job.id,
         data={"slurm_job_id": row.job_id, "run_index": row.restarts, "total_micros": total, "lines": len(lines),
-              "sacct_elapsed_s": elapsed, "daemon_seen_s": seen},
+              "sacct_elapsed_s": row.elapsed_s, "daemon_seen_s": seen, "elapsed_source": source},
     )
 
 

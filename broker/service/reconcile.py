@@ -32,6 +32,7 @@ from broker.service.slurm_ids import is_ours
 from broker.service.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
 from broker.service.userfiles import SaveFacts
 from broker.slurm.backend import SacctRow, SlurmJob
+from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
 from broker.service.market import build_market
@@ -55,6 +56,8 @@ class TickPlan:
     """Running spot jobs to requeue so they finish on on-demand in time."""
     sbatch: list[tuple[int, int]] = field(default_factory=list)
     """(job id, attempt id) to submit afresh."""
+    release: list[int] = field(default_factory=list)
+    """Jobs Slurm held after failing to launch them itself."""
 
 
 def _utc(dt: datetime | None) -> datetime | None:
@@ -108,6 +111,9 @@ def reconcile(svc: Services) -> None:
         live = {job.id for job, _ in active}
         for job_id in [j for j in svc.tick_errors if j not in live]:
             del svc.tick_errors[job_id]  # errors are remembered (to be said once) while the job is active
+        attempts = {att.id for _, att in active}
+        for att_id in [a for a in svc.unclear_since if a not in attempts]:
+            del svc.unclear_since[att_id]
         for job, att in active:
             if svc.sbatch_busy(att.id, since=listed_at):
                 # Being submitted by another thread, or submitted after the
@@ -284,6 +290,9 @@ def _follow(
     elif sj.state == AttemptState.PENDING:
         if att.state == AttemptState.SUBMITTING:
             att.state = AttemptState.PENDING
+        if is_failure_hold(sj.reason):
+            _release_failure_hold(s, job, sj, now, plan)
+            return
         held = "held" in (sj.reason or "").lower()
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
         if not held and job.deadline is not None and att.capacity == Capacity.SPOT:
@@ -295,6 +304,35 @@ def _follow(
             plan.start_now.append(sj.job_id)
     elif sj.state == AttemptState.UNKNOWN:
         _move(s, job, JobState.UNKNOWN, f"Slurm state {sj.state_raw}", now)
+
+
+MAX_FAILURE_RELEASES = 3
+"""Times gbroker releases a job Slurm held after failing to launch it, before giving up on it."""
+FAILURE_RELEASE = "released"
+
+
+def _release_failure_hold(s: Session, job: Job, sj: SlurmJob, now: datetime, plan: TickPlan) -> None:
+    """Slurm requeued the job held after its own launch failure: release it, at most a few times.
+
+    Nobody asked for that hold (a node failed at launch, or the controller
+    restarted while the job was starting), so waiting for a human would
+    leave the job held for ever. Said once per release, on the job.
+    """
+    released = s.execute(
+        select(func.count()).select_from(Event).where(Event.job_id == job.id, Event.kind == FAILURE_RELEASE)
+    ).scalar_one()
+    if released >= MAX_FAILURE_RELEASES:
+        plan.cancel.append(sj.job_id)
+        store.set_job_state(
+            s, job, JobState.FAILED,
+            f"Slurm failed to launch it {released + 1} times ({sj.reason}); see the node's slurmd log", now=now,
+        )
+        return
+    plan.release.append(sj.job_id)
+    store.add_event(s, FAILURE_RELEASE,
+                    f"Slurm held Slurm job {sj.job_id} after failing to launch it ({sj.reason}); released",
+                    now=now, job_id=job.id)
+    _move(s, job, JobState.PENDING, f"released after Slurm's own launch failure ({sj.reason})", now)
 
 
 def _deadline_fallback(
@@ -429,6 +467,16 @@ def _settle(
         _move(s, job, JobState.UNKNOWN, f"Slurm job {att.slurm_job_id} not in squeue or sacct yet", now)
         return
     final = rows[-1]
+    if final.end is None:
+        # Accounting says it still runs (or waits), but the controller does not list it.
+        if _unclear_for(svc, att, now) >= FORGOTTEN_AFTER:
+            att.ended_at = svc.unclear_since[att.id]  # the first tick it was missing: last seen just before
+            _lost_by_slurm(s, svc, job, att, saves, None, now, plan,
+                           "the controller no longer knows it and accounting never closed it")
+        else:
+            _move(s, job, JobState.UNKNOWN, f"Slurm says {final.state_raw} but does not list it", now)
+        return
+    svc.unclear_since.pop(att.id, None)
     att.ended_at = _utc(final.end) or now
     att.started_at = att.started_at or _utc(final.start)
     att.nodes = att.nodes or ",".join(final.nodelist)
@@ -480,26 +528,72 @@ def _requeued(
     plan: TickPlan,
     saves: SaveFacts | None,
 ) -> None:
-    """Slurm requeued the job itself: close the attempt, open the next on the same Slurm job."""
+    """Slurm requeued the job: close the attempt the way its cause says, open the next on the same Slurm job.
+
+    The cause comes from accounting's row for the ended run and the queue's
+    reason: NODE_FAIL is a reclaim, PREEMPTED a preemption, REQUEUED gbroker's
+    own move (recorded on the attempt), Slurm's launch failure (the job is
+    held), or a requeue of the job's own. While Slurm is still requeueing it
+    (REQUEUE* states) or accounting has no row yet, the attempt is left for a
+    later tick, up to ``UNCLEAR_GRACE``.
+    """
     ended = [r for r in rows if r.end is not None and r.state in ATTEMPT_TERMINAL]
-    outcome = AttemptState.RECLAIMED
-    if ended:
-        last = ended[-1]
-        outcome = last.state if last.state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED) else outcome
+    last = ended[-1] if ended else None
+    if (last is None or sj.state_raw.upper().startswith("REQUEUE")) and _unclear_for(svc, att, now) < UNCLEAR_GRACE:
+        return
+    svc.unclear_since.pop(att.id, None)
+    if last is not None:
         att.ended_at = _utc(last.end)
         att.started_at = att.started_at or _utc(last.start)
         att.nodes = att.nodes or ",".join(last.nodelist)
     att.ended_at = att.ended_at or now
+    cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"
+    if cause == "REQUEUED" and is_failure_hold(sj.reason):
+        _lost_by_slurm(s, svc, job, att, saves, sj, now, plan, sj.reason)
+        return
     att.lost_s = _lost_s(att, saves)
-    node_failed = bool(ended) and ended[-1].state == AttemptState.RECLAIMED
-    if att.outcome == MOVING_OUTCOME and not node_failed:
-        # Our own requeue (sacct: REQUEUED), not a reclaim: the next run is on on-demand.
+    if att.outcome == MOVING_OUTCOME and cause == "REQUEUED":
+        # Our own requeue, not a reclaim: the next run is on on-demand.
         att.state = AttemptState.MOVED
         _moved_to_ondemand(s, svc, job, att, sj, now, plan)
         return
-    att.state = outcome
+    att.state = last.state if last is not None and last.state == AttemptState.PREEMPTED else AttemptState.RECLAIMED
     job.reclaims = (job.reclaims or 0) + 1
     _recover(s, svc, job, att, now, plan, requeued=sj)
+
+
+UNCLEAR_GRACE = timedelta(seconds=60)
+"""How long a requeued run may wait for Slurm's picture (the requeue done, accounting's row)
+before it is settled with what is known."""
+FORGOTTEN_AFTER = timedelta(seconds=120)
+"""How long a run accounting calls running may be missing from the controller's queue
+before it counts as lost (after a controller restart that forgot it)."""
+
+
+def _unclear_for(svc: Services, att: Attempt, now: datetime) -> timedelta:
+    """How long this attempt's end has been unclear (zero the first time it is asked)."""
+    return now - svc.unclear_since.setdefault(att.id, now)
+
+
+def _lost_by_slurm(
+    s: Session, svc: Services, job: Job, att: Attempt, saves: SaveFacts | None, sj: SlurmJob | None,
+    now: datetime, plan: TickPlan, why: str,
+) -> None:
+    """Slurm lost the run itself: not a reclaim, not the program's failure; it runs again.
+
+    ``sj`` is the same Slurm job, requeued held (released here); without it the
+    Slurm job is gone and the next attempt is a new submission.
+    """
+    svc.unclear_since.pop(att.id, None)
+    att.ended_at = att.ended_at or now
+    att.state, att.outcome = AttemptState.LOST, f"lost by Slurm: {why}"
+    att.lost_s = _lost_s(att, saves)
+    store.add_event(s, AttemptState.LOST.value, f"attempt {att.number} on {att.nodes or '?'} was lost by Slurm "
+                    f"({why}); it runs again on the same capacity", now=now, job_id=job.id)
+    _next_attempt(s, svc, job, Capacity(att.capacity), f"Slurm lost attempt {att.number}", sj,
+                  start_now=True, now=now, plan=plan)
+    if sj is not None:
+        _release_failure_hold(s, job, sj, now, plan)
 
 
 def _moved_to_ondemand(
@@ -644,6 +738,8 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
     def recovery() -> None:
         if plan.cancel:
             svc.backend.cancel(plan.cancel)
+        if plan.release:
+            svc.backend.release(plan.release)
         for slurm_id in plan.to_ondemand:
             svc.backend.update(slurm_id, partition=svc.settings.ondemand_partition)
         if plan.start_now:

@@ -83,6 +83,18 @@ def job_state(raw: str) -> AttemptState:
     return state
 
 
+FAILURE_HOLD_REASONS: frozenset[str] = frozenset({"launch failed requeued held"})
+"""Pending reasons of a job that Slurm requeued *and held* after failing to start it
+itself: a node that failed at launch, a prolog error, or a controller restarted
+while the job was starting. Nobody asked for the hold; gbroker releases it.
+squeue prints the words, scontrol the same with underscores."""
+
+
+def is_failure_hold(reason: str | None) -> bool:
+    """True for a pending reason that says Slurm held the job after its own launch failure."""
+    return (reason or "").strip().lower().replace("_", " ") in FAILURE_HOLD_REASONS
+
+
 # ---------------------------------------------------------------------------
 # Nodes
 # ---------------------------------------------------------------------------

@@ -147,7 +147,8 @@ class BrokerDaemon:
         return r.json()
 
     def wait_job(
-        self, job_id: int, pred: Callable[[dict[str, Any]], bool], timeout: float = 180, user: str = "alice"
+        self, job_id: int, pred: Callable[[dict[str, Any]], bool], timeout: float = 180, user: str = "alice",
+        interval: float = 1.0,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         job: dict[str, Any] = {}
@@ -155,7 +156,7 @@ class BrokerDaemon:
             job = self.show(job_id, user=user)
             if pred(job):
                 return job
-            time.sleep(1)
+            time.sleep(interval)
         raise AssertionError(f"job {job_id} did not reach the wanted state in {timeout}s: {job}\n{self.log_tail()}")
 
 
@@ -214,10 +215,39 @@ def nodes_up(cluster: Any, partition: str) -> list[str]:
     return sorted(set(up))
 
 
-def stop_controller(cluster: Any) -> None:
-    """Stop slurmctld (slurmd and the jobs keep running, as when a controller host dies)."""
+def fail_launch(cluster: Any, node: str) -> None:
+    """The next job start on `node` fails (`devcluster fail-launch`)."""
+    p = subprocess.run([str(DEVCLUSTER), "fail-launch", node], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def clear_launch_failures(cluster: Any) -> None:
+    """Forget unused launch failures and return nodes a failed launch drained to service."""
+    shutil.rmtree(cluster.state_dir / "launch-fail", ignore_errors=True)
+    subprocess.run(["scontrol", "update", f"NodeName={','.join(cluster.nodes)}", "State=RESUME"],
+                   env=cluster.env, capture_output=True, text=True, check=False)
+
+
+def power_down_idle(cluster: Any, partition: str, timeout: float = 120) -> None:
+    """Power down the partition's nodes once idle and wait until they are (so the next job boots one)."""
+    deadline = time.monotonic() + timeout
+    asked = 0.0
+    while up := nodes_up(cluster, partition):
+        assert time.monotonic() < deadline, f"{partition} nodes still up: {up}\n{cluster.sinfo()}"
+        if time.monotonic() - asked > 5:  # a node still finishing a job refuses; ask again
+            subprocess.run(["scontrol", "update", f"NodeName={','.join(up)}", "State=POWER_DOWN"],
+                           env=cluster.env, capture_output=True, text=True, check=False)
+            asked = time.monotonic()
+        time.sleep(1)
+
+
+def stop_controller(cluster: Any, kill: bool = False) -> None:
+    """Stop slurmctld (slurmd and the jobs keep running, as when a controller host dies).
+
+    ``kill``: SIGKILL at once, so it saves no state on the way down (a crash).
+    """
     pid = int((cluster.state_dir / "run" / "slurmctld.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

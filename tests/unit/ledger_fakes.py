@@ -63,6 +63,10 @@ class FakeJob:
     held: bool = False
     done: bool = False
     requeue: bool = True
+    reason: str | None = None
+    """A pending reason of Slurm's own (e.g. after a launch failure); None: the usual ones."""
+    forgotten: bool = False
+    """The controller lost the job (accounting still says it runs)."""
 
     @property
     def current(self) -> FakeRun:
@@ -99,13 +103,14 @@ class FakeSlurm(Backend):
         self._count("squeue")
         out = []
         for j in self.jobs_by_id.values():
-            if j.done:
+            if j.done or j.forgotten:
                 continue
             run = j.current
             raw = run.state_raw
+            usual = "JobHeldAdmin" if j.held else ("None" if raw == "RUNNING" else "Priority")
             out.append(SlurmJob(
                 job_id=j.job_id, name=j.name, user=j.user, account=j.account, partition=j.partition,
-                state_raw=raw, state=job_state(raw), reason="JobHeldAdmin" if j.held else ("None" if raw == "RUNNING" else "Priority"),
+                state_raw=raw, state=job_state(raw), reason=j.reason or usual,
                 nodes=[run.node] if run.node else [], restarts=len(j.runs) - 1, comment=j.comment,
                 submit_time=run.submit, start_time=run.start, time_limit_s=j.limit_s,
             ))
@@ -168,6 +173,7 @@ class FakeSlurm(Backend):
             j = self.jobs_by_id.get(jid)
             if j is not None:
                 j.held = False
+                j.reason = None
 
     def requeue(self, job_ids: Iterable[int]) -> None:
         """scontrol requeue: the running run ends REQUEUED, the same id waits again."""
@@ -233,6 +239,27 @@ class FakeSlurm(Backend):
             j.runs.append(FakeRun(submit=now, partition=j.partition))
         else:
             j.done = True  # --no-requeue: the job ends with its node
+        return True
+
+    def lose_launch(self, jid: int) -> bool:
+        """The controller restarted as the run started: Slurm requeues the job held
+        ("launch failed requeued held") and accounting keeps 0 s for the run."""
+        j = self.jobs_by_id[jid]
+        run = j.current
+        if j.done or run.state_raw != "RUNNING":
+            return False
+        now = self.clock.now()
+        run.start, run.end, run.state_raw = now, now, "REQUEUED"
+        j.runs.append(FakeRun(submit=now, partition=j.partition))
+        j.held, j.reason = True, "launch failed requeued held"
+        return True
+
+    def forget(self, jid: int) -> bool:
+        """The controller restarted and forgot the running job; accounting never closes its run."""
+        j = self.jobs_by_id[jid]
+        if j.done or j.current.state_raw != "RUNNING":
+            return False
+        j.forgotten = True
         return True
 
     def expire(self) -> None:

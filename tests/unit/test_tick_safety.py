@@ -126,3 +126,63 @@ def test_lost_work_comes_from_the_owners_view_of_the_checkpoint_directory(world:
     world.tick()
     first = show_job(world.svc, ROOT, out["id"])["attempts"][0]
     assert first["state"] == "reclaimed" and first["lost_s"] == 30
+
+
+def test_a_job_slurm_held_after_its_own_launch_failure_is_released_not_counted_as_a_reclaim(world: World) -> None:
+    out = world.submit(user="alice", time="10m")
+    sid = out["slurm_job_id"]
+    world.slurm.start(sid)
+    world.tick()
+    world.advance(80)  # gbroker saw it run for 80 s
+    world.slurm.lose_launch(sid)
+    world.tick()
+    world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert [a["state"] for a in shown["attempts"]] == ["lost", "pending"]
+    assert shown["reclaims"] == 0 and shown["failures"] == 0
+    assert world.slurm.calls.get("release", 0) == 1 and not world.slurm.jobs_by_id[sid].held
+    assert [e["kind"] for e in shown["events"]].count("released") == 1
+    world.slurm.start(sid)
+    world.tick()
+    world.advance(60)
+    world.slurm.finish(sid)
+    world.tick()
+    world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert shown["state"] == "completed"
+    lines = [ln for ln in world.lines(job_id=out["id"]) if ln["run_index"] == 0]
+    assert sum(ln["seconds"] for ln in lines) == 80 and {ln["tag"] for ln in lines} == {"lost"}
+    assert any("Slurm lost it" in e["message"] for e in shown["events"])
+
+
+def test_a_launch_that_keeps_failing_is_given_up_after_a_few_releases(world: World) -> None:
+    out = world.submit(user="alice", time="10m")
+    sid = out["slurm_job_id"]
+    for _ in range(5):
+        world.slurm.start(sid)
+        world.tick()
+        world.advance(5)
+        world.slurm.lose_launch(sid)
+        world.tick()
+        world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert shown["state"] == "failed" and "failed to launch it" in shown["reason"]
+    assert world.slurm.jobs_by_id[sid].done
+
+
+def test_a_run_the_controller_forgot_is_resubmitted_after_a_grace(world: World) -> None:
+    out = world.submit(user="alice", time="10m")
+    sid = out["slurm_job_id"]
+    world.slurm.start(sid)
+    world.tick()
+    world.advance(30)
+    world.slurm.forget(sid)
+    world.tick()
+    assert show_job(world.svc, ROOT, out["id"])["state"] == "unknown"
+    world.advance(121)
+    world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert [a["state"] for a in shown["attempts"]] == ["lost", "pending"]
+    assert shown["attempts"][1]["slurm_job_id"] != sid and shown["reclaims"] == 0
+    lines = [ln for ln in world.lines(job_id=out["id"]) if ln["slurm_job_id"] == sid]
+    assert sum(ln["seconds"] for ln in lines) == 30  # up to when it went missing, not the grace after

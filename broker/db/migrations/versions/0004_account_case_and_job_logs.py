@@ -13,6 +13,9 @@ migration stops and says which, and an admin merges them by hand first.
 ``jobs.log_path``: the job's log, created at submit as the job's owner under a
 name nobody can guess (NULL for jobs submitted before: they used
 ``<workdir>/gbroker-<id>.out``).
+
+``ledger_runs.elapsed_source``: ``sacct``, or ``observed`` for a run that
+accounting lost (sacct shows 0 s) and gbroker charged from what it saw.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class CaseDuplicates(RuntimeError):
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("log_path", sa.Text(), nullable=True))
+    with op.batch_alter_table("ledger_runs") as batch:
+        batch.add_column(sa.Column("elapsed_source", sa.String(length=16), nullable=False,
+                                   server_default="sacct"))
     if not context.is_offline_mode():  # SQL printed for review cannot ask the database
         _refuse_case_duplicates()
     op.execute("UPDATE lab_groups SET name = lower(name), slurm_account = lower(slurm_account)")
@@ -79,5 +85,7 @@ def _lower_ledger_accounts(table: str) -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("ledger_runs") as batch:
+        batch.drop_column("elapsed_source")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("log_path")
