@@ -14,8 +14,8 @@ from typing import Any
 
 
 def step_seconds(default: float = 0.25) -> float:
-    """How long each training step is made to take (GBROKER_EXAMPLE_STEP_SECONDS), so a test can interrupt one."""
-    return float(os.environ.get("GBROKER_EXAMPLE_STEP_SECONDS", default))
+    """How long each training step is made to take (FINETUNE_STEP_SECONDS), so a test can interrupt one."""
+    return float(os.environ.get("FINETUNE_STEP_SECONDS", default))
 
 
 def record_attempt(

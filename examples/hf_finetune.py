@@ -12,7 +12,7 @@ What a researcher adds to an existing Trainer script, and nothing else:
 
 The model is a GPT-2 of two small layers built from a config with random
 weights (nothing is downloaded), trained on random tokens, CPU only; each step
-is paced (``--step-seconds``, or GBROKER_EXAMPLE_STEP_SECONDS). It appends one
+is paced (``--step-seconds``, or FINETUNE_STEP_SECONDS). It appends one
 entry per attempt to ``hf-result.json`` in its working directory. Run it with
 /opt/gbroker/venv-ml/bin/python (see hf_finetune.toml).
 """

@@ -11,7 +11,7 @@ What a researcher adds to an existing Lightning script, and nothing else:
   warning: what was not saved is lost).
 
 The model is a small MLP on synthetic data, CPU only; each step is paced
-(``--step-seconds``, or GBROKER_EXAMPLE_STEP_SECONDS) so a test can interrupt
+(``--step-seconds``, or FINETUNE_STEP_SECONDS) so a test can interrupt
 it. It appends one entry per attempt to ``lightning-result.json`` in its
 working directory. Run it with /opt/gbroker/venv-ml/bin/python (see
 lightning_finetune.toml).

@@ -18,7 +18,7 @@ and why finetune_job.sh turns torchrun's 1 back into 75 when it does.
 Run (2 CPU workers, gloo):
     /opt/gbroker/venv-ml/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 \\
         --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 examples/torchrun_finetune.py
-Each step is paced (``--step-seconds`` or GBROKER_EXAMPLE_STEP_SECONDS); rank 0
+Each step is paced (``--step-seconds`` or FINETUNE_STEP_SECONDS); rank 0
 appends one entry per attempt to ``torchrun-result.json`` in the working directory.
 """
 

@@ -53,7 +53,7 @@ def job_env(ckpt_dir: Path, attempt: int, **extra: str) -> dict[str, str]:
         GBROKER_JOB_ID="42",
         GBROKER_ATTEMPT=str(attempt),
         GBROKER_CHECKPOINT_DIR=str(ckpt_dir),
-        GBROKER_EXAMPLE_STEP_SECONDS=STEP_SECONDS,
+        FINETUNE_STEP_SECONDS=STEP_SECONDS,
         PYTHONPATH=str(REPO),
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
