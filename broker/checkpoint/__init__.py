@@ -20,6 +20,22 @@ then. A spot reclaim gives no warning at all (the node just dies), so
 at most that much. Each save is atomic (write, fsync, rename) and records a
 small manifest, ``gbroker-checkpoint.json``, that the daemon reads to account
 for the work lost since the last save.
+
+Lightning and Hugging Face jobs keep their frameworks' own checkpoints and add
+one callback that records each save in the same manifest, and resume from
+:func:`latest_checkpoint`::
+
+    from broker.checkpoint import LightningCallback, latest_checkpoint
+    trainer = L.Trainer(callbacks=[LightningCallback(), ModelCheckpoint(...)], ...)
+    trainer.fit(model, ckpt_path=latest_checkpoint())
+
+    from broker.checkpoint import HFCallback, latest_checkpoint
+    trainer = Trainer(..., callbacks=[HFCallback()])
+    trainer.train(resume_from_checkpoint=latest_checkpoint())
+
+The callback classes are built on first use (``LightningCallback`` imports
+Lightning, ``HFCallback`` imports transformers), so importing this package
+needs neither framework: the daemon imports it too.
 """
 
 from __future__ import annotations
@@ -27,12 +43,35 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-MANIFEST = "gbroker-checkpoint.json"
+from broker.checkpoint.manifest import (
+    MANIFEST,
+    RESUME_EXIT,
+    _atomic_write,
+    checkpoint_dir,
+    last_saved_at,
+    latest_checkpoint,
+    read_manifest,
+    record_save,
+)
+
+__all__ = [
+    "KEEP",
+    "MANIFEST",
+    "RESUME_EXIT",
+    "Checkpointer",
+    "HFCallback",
+    "LightningCallback",
+    "checkpoint_dir",
+    "last_saved_at",
+    "latest_checkpoint",
+    "read_manifest",
+    "record_save",
+]
+
 KEEP = 2
 
 
@@ -99,22 +138,14 @@ class Checkpointer:
         return self.dir / name
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def __getattr__(name: str) -> Any:
+    """Build a framework callback class on first use, so this package imports without them."""
+    if name == "LightningCallback":
+        from broker.checkpoint.lightning import LightningCallback
 
+        return LightningCallback
+    if name == "HFCallback":
+        from broker.checkpoint.hf import HFCallback
 
-def last_saved_at(directory: str | os.PathLike[str]) -> float | None:
-    """When the job in `directory` last saved (epoch seconds), for lost-work accounting."""
-    try:
-        return float(json.loads((Path(directory) / MANIFEST).read_text())["saved_at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return HFCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
