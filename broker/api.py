@@ -253,8 +253,8 @@ class ApiServer:
             op, answer = self.dispatch(pid, uid, gid, line)
             self._write(conn, answer)
         finally:
-            conn.close()
             self._done(uid)
+            conn.close()
             took = time.monotonic() - started
             if took > self.limits.slow_request_s:
                 log.info("request %s from uid %s took %.2fs", op, uid, took)

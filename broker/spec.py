@@ -83,7 +83,13 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "env",
     "max_retries",
     "signal_lead_s",
+    "warning_signal",
+    "tasks_per_node",
 )
+WARNING_SIGNALS: tuple[str, ...] = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
+"""Signals a job may ask for as its time-limit warning (sent to every process of the job)."""
+TASKS_PER_GPU = "gpu"
+"""``tasks_per_node = "gpu"``: one Slurm task per GPU (DDP launched by srun)."""
 CHECKPOINT_KEYS: tuple[str, ...] = ("dir", "style")
 SCRIPT_KEYS: tuple[str, ...] = ("text", "path")
 
@@ -115,6 +121,11 @@ class JobSpec:
     """Sorted (name, value) pairs; a tuple keeps the spec immutable and hashable."""
     max_retries: int = DEFAULT_MAX_RETRIES
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    warning_signal: str | None = None
+    """The time-limit warning the job asked for (``USR1``...), or None: no warning.
+    A job with ``checkpoint.style = "signal"`` gets USR1 unless it names another."""
+    tasks_per_node: int | str = 1
+    """Slurm tasks per node: a number, or ``"gpu"`` for one per GPU."""
 
     @property
     def gpus(self) -> int:
@@ -123,6 +134,11 @@ class JobSpec:
     @property
     def checkpointable(self) -> bool:
         return self.checkpoint_style != "none"
+
+    @property
+    def tasks(self) -> int:
+        """Slurm tasks per node, ``"gpu"`` resolved."""
+        return self.gpus_per_node if self.tasks_per_node == TASKS_PER_GPU else int(self.tasks_per_node)
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -194,6 +210,10 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "max_retries": spec.max_retries,
         "signal_lead_s": spec.signal_lead_s,
     }
+    if spec.warning_signal is not None:
+        out["warning_signal"] = spec.warning_signal
+    if spec.tasks_per_node != 1:
+        out["tasks_per_node"] = spec.tasks_per_node
     if spec.checkpoint_dir is not None:
         out["checkpoint"]["dir"] = spec.checkpoint_dir
     if spec.deadline is not None:
@@ -478,6 +498,8 @@ class _Parser:
         max_retries = check(self.integer, data, "max_retries", DEFAULT_MAX_RETRIES, 0, MAX_RETRIES_LIMIT,
                             "the limit", fallback=DEFAULT_MAX_RETRIES)
         signal_lead_s = check(self.signal_lead, data, time_limit_s, fallback=DEFAULT_SIGNAL_LEAD_S)
+        warning_signal = check(self.warning_signal, data, style, fallback=None)
+        tasks_per_node = check(self.tasks_per_node, data, fallback=1)
         name_raw = check(self.string, data, "name", fallback=None)
         name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
                 else _default_name(command, script_path, kind))
@@ -489,7 +511,7 @@ class _Parser:
             nodes=nodes, deadline=deadline, interruptible=interruptible, checkpoint_style=style,
             checkpoint_dir=ckpt_dir, partition=partition, command=command, script=script,
             script_path=script_path, workdir=workdir, env=env, max_retries=max_retries,
-            signal_lead_s=signal_lead_s,
+            signal_lead_s=signal_lead_s, warning_signal=warning_signal, tasks_per_node=tasks_per_node,
         )
 
     def group(self, data: Mapping[str, Any]) -> str:
@@ -512,6 +534,30 @@ class _Parser:
             raise self.fail("signal_lead_s", f"{lead}s is not shorter than the time limit ({time_limit_s}s)",
                             hint="the warning signal must come before the job ends; lower signal_lead_s")
         return lead
+
+    def warning_signal(self, data: Mapping[str, Any], style: str) -> str | None:
+        value = data.get("warning_signal")
+        if value is None:
+            return "USR1" if style == "signal" else None
+        if not isinstance(value, str):
+            raise self.fail("warning_signal", f"must be a signal name, got {_type_name(value)} {value!r}",
+                            hint=f"one of {', '.join(WARNING_SIGNALS)}, e.g. warning_signal = \"USR1\"")
+        name = value.strip().upper().removeprefix("SIG")
+        if name in ("", "NONE"):
+            return None
+        if name not in WARNING_SIGNALS:
+            raise self.fail("warning_signal", f"{value!r} is not a signal a job can be warned with",
+                            hint=f"one of {', '.join(WARNING_SIGNALS)}, or \"none\"")
+        return name
+
+    def tasks_per_node(self, data: Mapping[str, Any]) -> int | str:
+        value = data.get("tasks_per_node", 1)
+        if isinstance(value, str) and value.strip().lower() == TASKS_PER_GPU:
+            return TASKS_PER_GPU
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail("tasks_per_node", f"must be a whole number or \"gpu\", got {value!r}",
+                            hint='tasks_per_node = 1 (one program per node) or "gpu" (one per GPU, for srun)')
+        return self.integer(data, "tasks_per_node", 1, 1, 256, "a node's cores")
 
     def kind(self, data: Mapping[str, Any]) -> str:
         kind = data.get("kind", "other")

@@ -57,6 +57,10 @@ class AttemptState(str, Enum):
     """Slurm preempted it for a higher-priority partition (requeue)."""
     MOVED = "moved"
     """gbroker took it off spot to keep the deadline (requeued onto on-demand)."""
+    CONTINUED = "continued"
+    """The program stopped to go on in a new run: it requeued itself (Lightning's
+    auto_requeue) or exited 75 after saving. Neither a reclaim nor a failure; its
+    work is kept."""
     LOST = "lost"
     """Slurm lost the run itself (its controller restarted while the run started, or it
     failed to launch it): neither a reclaim nor the program's failure. The job runs again."""
@@ -76,6 +80,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
         AttemptState.PREEMPTED,
         AttemptState.MOVED,
         AttemptState.LOST,
+        AttemptState.CONTINUED,
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,
     }

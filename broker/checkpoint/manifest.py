@@ -33,6 +33,10 @@ MANIFEST = "gbroker-checkpoint.json"
 
 RESUME_EXIT = 75
 """Exit status (EX_TEMPFAIL) that tells gbroker: "I saved; run my next attempt from there"."""
+STOPPED_MARKER = ".gbroker-stopped-"
+"""A save made because a stop signal came leaves ``<dir>/.gbroker-stopped-<attempt>``: gbroker's
+batch script then ends the run as "resume me" even when a launcher (torchrun, accelerate) turned
+the program's 75 into 1."""
 
 
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> Path | None:
@@ -95,6 +99,8 @@ def record_save(
     if framework:
         manifest["framework"] = framework
     _atomic_write(base / MANIFEST, json.dumps(manifest).encode())
+    if reason == "signal":
+        (base / f"{STOPPED_MARKER}{manifest['attempt']}").touch()
     return manifest
 
 

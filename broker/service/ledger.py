@@ -200,10 +200,12 @@ def _charge_run(
         # Slurm lost this run (a controller restart as it started) and accounting kept less
         # than gbroker saw it hold its nodes: charge what gbroker saw, and say so.
         elapsed, start, source = seen, att.started_at, "observed"
-    if row.state in LOST_STATES or (att is not None and att.state == AttemptState.LOST):
-        lost = att.lost_s if att is not None and att.state in LOST_STATES and att.lost_s is not None else elapsed
+    if att is not None:
+        # The attempt knows how its run ended (a self-requeue shows in accounting as a
+        # requeue too, but its work was saved and goes on).
+        lost = (att.lost_s or 0) if att.state in LOST_STATES else 0
     else:
-        lost = 0
+        lost = elapsed if row.state in LOST_STATES else 0
     lines = []
     if start is not None and elapsed > 0:
         run = Run(row.job_id, row.restarts, start, elapsed, gpus, partition, capacity, lost)

@@ -31,7 +31,9 @@ from broker.service.placement import attempt_views, job_view, market_view, progr
 from broker.service.slurm_ids import is_ours
 from broker.service.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
 from broker.service.userfiles import SaveFacts
+from broker.checkpoint.manifest import RESUME_EXIT
 from broker.slurm.backend import SacctRow, SlurmJob
+from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
@@ -491,6 +493,12 @@ def _settle(
         att.lost_s = _lost_s(att, saves)
         job.reclaims = (job.reclaims or 0) + 1
         _recover(s, svc, job, att, now, plan, requeued=None)
+    elif state == AttemptState.FAILED and final.exit_code == RESUME_EXIT:
+        _continued(s, svc, job, att, None, now, plan, f"it saved and exited {RESUME_EXIT}")
+    elif state == AttemptState.FAILED and final.exit_code == TIMED_OUT_EXIT:
+        att.state = AttemptState.TIMEOUT
+        store.set_job_state(s, job, JobState.TIMEOUT, "ran out of its time limit: it ended after the "
+                            "time-limit warning without saving to go on", now=now)
     elif state == AttemptState.CANCELLED:
         att.state = state
         store.set_job_state(s, job, JobState.CANCELLED, f"cancelled in Slurm ({final.state_raw})", now=now)
@@ -557,9 +565,44 @@ def _requeued(
         att.state = AttemptState.MOVED
         _moved_to_ondemand(s, svc, job, att, sj, now, plan)
         return
+    if cause == "REQUEUED":
+        # Requeued by the program itself (or its owner): it goes on, nothing was taken from it.
+        _continued(s, svc, job, att, sj, now, plan, "it requeued itself")
+        return
     att.state = last.state if last is not None and last.state == AttemptState.PREEMPTED else AttemptState.RECLAIMED
     job.reclaims = (job.reclaims or 0) + 1
     _recover(s, svc, job, att, now, plan, requeued=sj)
+
+
+MAX_CONTINUATIONS = 200
+"""Runs a job may go on to by itself (time-limit continuations) before gbroker stops it."""
+
+
+def _continued(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob | None, now: datetime, plan: TickPlan,
+    how: str,
+) -> None:
+    """The program stopped to go on in a new run: not a reclaim, not a failure, its work kept.
+
+    ``sj`` is the same Slurm job requeued (Lightning's auto_requeue); without
+    it the program exited 75 and the next run is a new submission. Either way
+    on the same capacity, at once.
+    """
+    att.state, att.outcome, att.lost_s = AttemptState.CONTINUED, how, 0
+    done = s.execute(
+        select(func.count()).select_from(Attempt).where(Attempt.job_id == job.id,
+                                                        Attempt.state == AttemptState.CONTINUED)
+    ).scalar_one()
+    if done > MAX_CONTINUATIONS:
+        if sj is not None:
+            plan.cancel.append(sj.job_id)
+        store.set_job_state(s, job, JobState.FAILED, f"stopped after {done} runs that each asked to go on", now=now)
+        return
+    store.add_event(s, AttemptState.CONTINUED.value,
+                    f"attempt {att.number} on {att.nodes or '?'} ended to go on in a new run ({how})",
+                    now=now, job_id=job.id)
+    _next_attempt(s, svc, job, Capacity(att.capacity), f"continuing: {how}", sj, start_now=True, now=now,
+                  plan=plan)
 
 
 UNCLEAR_GRACE = timedelta(seconds=60)
@@ -682,7 +725,7 @@ def _next_attempt(
                 plan.to_ondemand.append(requeued.job_id)
             if start_now:
                 plan.start_now.append(requeued.job_id)
-        elif requeued.state == AttemptState.RUNNING:
+        elif _started_again(requeued, job, nxt):
             nxt.state = AttemptState.RUNNING
             nxt.started_at = _utc(requeued.start_time) or now
             nxt.nodes = ",".join(requeued.nodes)
@@ -690,6 +733,21 @@ def _next_attempt(
     else:
         s.flush()
         plan.sbatch.append((job.id, nxt.id))
+
+
+def _started_again(sj: SlurmJob, job: Job, nxt: Attempt) -> bool:
+    """True when the requeued Slurm job already runs its *next* run.
+
+    A job just requeued can still show RUNNING-like states of the run that
+    ended (COMPLETING, or RUNNING with the old start time): opening the next
+    attempt as running then would make a phantom run of 0 s. Only a run that
+    started after every earlier attempt ended counts.
+    """
+    if sj.state_raw.upper() != "RUNNING" or sj.start_time is None:
+        return False
+    ends = [_utc(a.ended_at) for a in job.attempts if a.id != nxt.id and a.ended_at is not None]
+    start = _utc(sj.start_time)
+    return start is not None and all(start >= e for e in ends if e is not None)
 
 
 def _run_s(att: Attempt) -> int:

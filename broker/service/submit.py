@@ -267,13 +267,15 @@ SIGNAL_RESOLUTION_S = 60
 
 
 def warning_lead_s(spec: JobSpec) -> int | None:
-    """The warning lead to ask Slurm for, or None when the job is too short for one.
+    """The warning lead to ask Slurm for, or None when the job asked for no warning or is too short.
 
+    Only a job that asked for a warning gets one (``checkpoint.style =
+    "signal"``, or ``warning_signal``): an unasked signal kills most programs.
     Slurm may send the warning up to a minute early; for a job whose time
     limit is within a minute of its lead, that can be before the batch script
     has installed its handler, and the signal would kill the job at its start.
     """
-    if spec.time_limit_s - spec.signal_lead_s < SIGNAL_RESOLUTION_S:
+    if spec.warning_signal is None or spec.time_limit_s - spec.signal_lead_s < SIGNAL_RESOLUTION_S:
         return None
     return spec.signal_lead_s
 
@@ -301,6 +303,7 @@ def request_for(
         checkpoint_dir=checkpoint_dir,
         resume_from=checkpoint_dir if attempt_number > 1 else None,
         warning_signal_s=lead,
+        warning_signal=spec.warning_signal or "USR1",
         env=spec.env,
         **program,  # type: ignore[arg-type]
     )
@@ -317,8 +320,11 @@ def request_for(
         time_limit_s=spec.time_limit_s,
         # Jobs stored before logs were made at submit keep their old name.
         output=log_path or f"{workdir.rstrip('/')}/gbroker-{job_id}.out",
-        requeue=capacity == Capacity.SPOT,
-        signal=None if lead is None else f"B:USR1@{lead}",
+        # Every job may be requeued: by Slurm when its node fails, by gbroker to move it, by
+        # the program itself to go on after its time limit (Lightning's auto_requeue).
+        requeue=True,
+        ntasks_per_node=spec.tasks,
+        signal=None if lead is None else f"B:{spec.warning_signal}@{lead}",
     )
 
 

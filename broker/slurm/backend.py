@@ -64,6 +64,8 @@ class SubmitRequest:
     output: str | None = None
     requeue: bool = True
     hold: bool = False
+    ntasks_per_node: int = 1
+    """Slurm tasks per node (SLURM_NTASKS and friends follow, which frameworks read)."""
     constraint: str | None = None
     signal: str | None = None
 

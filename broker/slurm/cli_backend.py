@@ -129,6 +129,7 @@ class CliBackend(Backend):
             f"--comment={req.comment}",
             f"--chdir={req.workdir}",
             f"--nodes={req.nodes}",
+            f"--ntasks-per-node={req.ntasks_per_node}",
             f"--time={time_limit_minutes(req.time_limit_s)}",
             "--requeue" if req.requeue else "--no-requeue",
             "--export=ALL",

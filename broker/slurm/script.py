@@ -1,11 +1,26 @@
 """The batch script for one attempt of a job.
 
-Slurm runs this script; it runs the user's program in the background and
-forwards the warning signal (USR1, asked for with ``--signal=B:USR1@<s>``)
-and TERM to it, so the program can checkpoint before the node goes away.
-It then waits until the program has really exited: ``wait`` returns early
-whenever a trapped signal arrives, so it is called again until the
-program's own exit status is known, and that status is the script's.
+Slurm runs this script; it runs the user's program and stands between it and
+Slurm's signals:
+
+* The program runs in a process group of its own (``setsid``), so a signal
+  reaches all of it: a bash job script, a launcher such as ``torchrun`` or
+  ``accelerate launch``, and what they started in that group. For launchers
+  that put their workers in sessions of their own, ``PET_SIGNALS_TO_HANDLE``
+  makes torchrun's agent (which accelerate uses too) pass the warning on.
+* The time-limit warning is asked for only when the job wants one
+  (``--signal=B:<SIG>@<lead>``, sent to this shell) and forwarded to the
+  whole group; TERM (Slurm stopping the job) is forwarded the same way. The
+  job log gets a line for each signal sent, and for a program a signal ended.
+* ``wait`` returns early whenever a trapped signal arrives, so it is called
+  again until the program's own exit status is known; then the script waits
+  for the rest of the group (a trainer still saving after its wrapper died).
+* The exit status says how the run ended, for gbroker: 75 (EX_TEMPFAIL) when
+  the program saved and asks to go on in a new run (its own 75, or the mark
+  gbroker's checkpoint callbacks leave when they stop on a signal, since
+  launchers turn a worker's 75 into 1); 124 when it ended badly after the
+  time-limit warning (it ran out of time; not a failure to retry); else the
+  program's own status.
 
 Safety rules:
 
@@ -27,10 +42,14 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from broker.checkpoint.manifest import RESUME_EXIT, STOPPED_MARKER
 from broker.errors import SpecError
-from broker.spec import check_env_name
+from broker.spec import WARNING_SIGNALS, check_env_name
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+TIMED_OUT_EXIT = 124
+"""The script's status for a program that ended badly after the time-limit warning (as timeout(1))."""
 
 HEADER = """#!/bin/bash
 # gbroker batch script. Generated; every Slurm option is given on the sbatch command line.
@@ -38,19 +57,26 @@ set -u
 """
 
 RUNNER = r"""
-# Run the program in the background so this shell can forward signals to it.
+note() { printf '=== gbroker: %s (%s) ===\n' "$*" "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; }
+note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB_ID:-?}, restart ${SLURM_RESTART_COUNT:-0}, on $(hostname)"
+
+# Run the program in a process group of its own, so signals reach all of it.
 child=0
 interrupted=0
+warned=0
 forward() {
     interrupted=1
+    if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
+        warned=1
+    fi
     if [ "$child" -ne 0 ]; then
-        kill -s "$1" "$child" 2>/dev/null || true
+        note "SIG$1 ($2) sent to the job"
+        kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
     fi
 }
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
+__TRAPS__
 
-__COMMAND__ &
+setsid __COMMAND__ &
 child=$!
 
 # A trapped signal makes `wait` return early (status > 128) while the program
@@ -77,8 +103,23 @@ while :; do
     fi
     break
 done
+# The rest of its group may still run: a trainer saving after the wrapper that started it died.
+while kill -0 -- "-$child" 2>/dev/null; do
+    sleep 1
+done
+if [ "$status" -gt 128 ]; then
+    note "the program was ended by signal $((status - 128))"
+fi
+if [ "$status" -eq __RESUME__ ] || [ -e "$GBROKER_CHECKPOINT_DIR/__STOPPED__$GBROKER_ATTEMPT" ]; then
+    note "the program saved and asks to go on in a new run"
+    status=__RESUME__
+elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ]; then
+    note "the program ended (status $status) after the time-limit warning: it ran out of time"
+    status=__TIMED_OUT__
+fi
 exit "$status"
 """
+TRAP_LABELS = {"TERM": "Slurm stops the job"}
 
 
 def _check(label: str, value: str) -> str:
@@ -100,6 +141,7 @@ def render_batch_script(
     script_text: str | None = None,
     resume_from: str | None = None,
     warning_signal_s: int | None = None,
+    warning_signal: str = "USR1",
     env: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The bash script for one attempt.
@@ -107,9 +149,10 @@ def render_batch_script(
     Exactly one program must be given: ``command`` (an argv list),
     ``script_path`` (a bash script on shared storage) or ``script_text``
     (the user's job script itself); scripts run with ``/bin/bash``.
-    ``warning_signal_s`` is exported as GBROKER_WARNING_SECONDS for the
-    program's information; the signal itself is requested by the caller
-    with sbatch ``--signal``. ``env`` is the job's own environment
+    ``warning_signal_s`` (None: the job gets no warning) is exported as
+    GBROKER_WARNING_SECONDS and ``warning_signal`` as GBROKER_WARNING_SIGNAL
+    for the program's information; the signal itself is requested by the
+    caller with sbatch ``--signal``. ``env`` is the job's own environment
     (name, value) pairs, exported here so it reaches the program and never
     sbatch itself.
     """
@@ -163,10 +206,18 @@ def render_batch_script(
             'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then '
             'export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi'
         )
+    traps = {"TERM"}
     if warning_signal_s is not None:
         if isinstance(warning_signal_s, bool) or int(warning_signal_s) < 0:
             raise SpecError(f"warning signal seconds must be >= 0, got {warning_signal_s!r}")
+        if warning_signal not in WARNING_SIGNALS:
+            raise SpecError(f"not a warning signal: {warning_signal!r}")
         lines.append(f"export GBROKER_WARNING_SECONDS={int(warning_signal_s)}")
+        lines.append(f"export GBROKER_WARNING_SIGNAL={warning_signal}")
+        if warning_signal != "TERM":
+            # torchrun's agent (and accelerate's, which is torchrun's) passes these on to its workers.
+            lines.append(f"export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIG{warning_signal}")
+        traps.add(warning_signal)
     lines.append('mkdir -p -- "$GBROKER_CHECKPOINT_DIR"')
     for name, value in env:
         check_env_name(name)
@@ -178,4 +229,11 @@ def render_batch_script(
         command_line = " ".join(shlex.quote(a) for a in argv)
     else:
         command_line = '/bin/bash "$script_file"'
-    return HEADER + "\n".join(lines) + "\n" + RUNNER.replace("__COMMAND__", command_line)
+    trap_lines = "\n".join(
+        f"trap 'forward {sig} \"{TRAP_LABELS.get(sig, 'time-limit warning')}\"' {sig}"
+        for sig in sorted(traps, key=lambda x: (x == "TERM", x))
+    )
+    runner = (RUNNER.replace("__COMMAND__", command_line).replace("__TRAPS__", trap_lines)
+              .replace("__RESUME__", str(RESUME_EXIT)).replace("__TIMED_OUT__", str(TIMED_OUT_EXIT))
+              .replace("__STOPPED__", STOPPED_MARKER))
+    return HEADER + "\n".join(lines) + "\n" + runner

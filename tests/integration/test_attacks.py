@@ -318,13 +318,17 @@ def test_refused_submissions_leave_nothing_and_a_bad_row_never_stops_the_tick(br
 # -- 8. one request cannot stall everyone --------------------------------------------------------
 def test_a_huge_cancel_is_refused_at_once_and_stalls_nobody(broker_daemon, slurm_cluster):
     d = broker_daemon
+    work = user_dir(public_dir("gbroker-cancel-"), "alice")
+    mine = submit(d, "--group", "vision", "--time", "5m", "--", "sleep", "60", cwd=work)
     with StatusProbe(d) as probe:
-        out = op(d, "alice", "cancel", job_ids=list(range(1, 100_001)))
+        # Her own job, named 100,000 times: each name used to cost a lookup under the daemon's lock.
+        out = op(d, "alice", "cancel", job_ids=[mine["id"]] * 100_000)
         time.sleep(1.0)
     probe.check()
     assert out["json"] is not None and out["json"]["ok"] is False, out
     assert out["seconds"] < 2, f"the cancel took {out['seconds']:.1f}s"
     assert "at most" in out["json"]["error"]["message"], out["json"]
+    ok(d.cli("cancel", str(mine["id"]), cwd=work))
 
 
 # -- 9. connections are bounded ----------------------------------------------------------------

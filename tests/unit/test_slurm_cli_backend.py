@@ -69,7 +69,7 @@ def test_submit_passes_every_option_on_the_command_line_and_script_on_stdin() ->
     (call,) = fake.calls
     assert call["argv"] == [
         "sbatch", "--parsable", "--partition=spot", "--job-name=gb-j1-0", "--comment=gbk:j1:0",
-        "--chdir=/home/alice/w", "--nodes=2", "--time=61", "--requeue", "--export=ALL",
+        "--chdir=/home/alice/w", "--nodes=2", "--ntasks-per-node=1", "--time=61", "--requeue", "--export=ALL",
         "--open-mode=append", "--account=vision", "--gres=gpu:4", "--output=/home/alice/w/%j.out",
         "--constraint=spot", "--signal=B:USR1@120",
     ]  # fmt: skip

@@ -22,7 +22,7 @@ def request(sp):  # type: ignore[no-untyped-def]
 
 
 def test_long_job_gets_the_warning_it_asked_for() -> None:
-    sp = spec("1h")
+    sp = spec("1h", warning_signal="USR1")
     assert warning_lead_s(sp) == 120
     req = request(sp)
     assert req.signal == "B:USR1@120"
@@ -31,11 +31,29 @@ def test_long_job_gets_the_warning_it_asked_for() -> None:
 
 def test_short_job_gets_no_warning_that_could_come_at_its_start() -> None:
     # 1 minute, lead 30 s: Slurm may send it up to 60 s early, i.e. at once.
-    sp = spec("1m")
+    sp = spec("1m", warning_signal="USR1")
     assert sp.signal_lead_s == 30 and warning_lead_s(sp) is None
     req = request(sp)
     assert req.signal is None
     assert "GBROKER_WARNING_SECONDS" not in req.script
     # Exactly a minute between the lead and the limit is enough.
-    assert warning_lead_s(spec("3m", signal_lead_s=120)) == 120
-    assert warning_lead_s(spec("3m", signal_lead_s=121)) is None
+    assert warning_lead_s(spec("3m", signal_lead_s=120, warning_signal="USR1")) == 120
+    assert warning_lead_s(spec("3m", signal_lead_s=121, warning_signal="USR1")) is None
+
+
+def test_only_a_job_that_asks_gets_a_warning() -> None:
+    """An unasked signal kills most programs (default Lightning, the HF Trainer, plain scripts)."""
+    plain = request(spec("1h"))
+    assert plain.signal is None and "export GBROKER_WARNING_SIGNAL" not in plain.script
+    saves = request(spec("1h", checkpoint={"style": "signal", "dir": "/ck"}))
+    assert saves.signal == "B:USR1@120" and "PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in saves.script
+    term = request(spec("1h", warning_signal="sigterm", signal_lead_s=300))
+    assert term.signal == "B:TERM@300" and "PET_SIGNALS_TO_HANDLE" not in term.script
+    off = request(spec("1h", checkpoint={"style": "signal", "dir": "/ck"}, warning_signal="none"))
+    assert off.signal is None
+
+
+def test_tasks_per_node() -> None:
+    assert request(spec("1h")).ntasks_per_node == 1
+    assert request(spec("1h", gpus_per_node=4, tasks_per_node="gpu")).ntasks_per_node == 4
+    assert request(spec("1h", tasks_per_node=2)).ntasks_per_node == 2

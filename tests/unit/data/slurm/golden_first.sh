@@ -7,19 +7,26 @@ export GBROKER_CHECKPOINT_DIR=/scratch/ck/j7
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi
 mkdir -p -- "$GBROKER_CHECKPOINT_DIR"
 
-# Run the program in the background so this shell can forward signals to it.
+note() { printf '=== gbroker: %s (%s) ===\n' "$*" "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; }
+note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB_ID:-?}, restart ${SLURM_RESTART_COUNT:-0}, on $(hostname)"
+
+# Run the program in a process group of its own, so signals reach all of it.
 child=0
 interrupted=0
+warned=0
 forward() {
     interrupted=1
+    if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
+        warned=1
+    fi
     if [ "$child" -ne 0 ]; then
-        kill -s "$1" "$child" 2>/dev/null || true
+        note "SIG$1 ($2) sent to the job"
+        kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
     fi
 }
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
+trap 'forward TERM "Slurm stops the job"' TERM
 
-/bin/bash /home/alice/run.sh &
+setsid /bin/bash /home/alice/run.sh &
 child=$!
 
 # A trapped signal makes `wait` return early (status > 128) while the program
@@ -46,4 +53,18 @@ while :; do
     fi
     break
 done
+# The rest of its group may still run: a trainer saving after the wrapper that started it died.
+while kill -0 -- "-$child" 2>/dev/null; do
+    sleep 1
+done
+if [ "$status" -gt 128 ]; then
+    note "the program was ended by signal $((status - 128))"
+fi
+if [ "$status" -eq 75 ] || [ -e "$GBROKER_CHECKPOINT_DIR/.gbroker-stopped-$GBROKER_ATTEMPT" ]; then
+    note "the program saved and asks to go on in a new run"
+    status=75
+elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ]; then
+    note "the program ended (status $status) after the time-limit warning: it ran out of time"
+    status=124
+fi
 exit "$status"

@@ -6,21 +6,31 @@ export GBROKER_ATTEMPT=$(( 2 + ${SLURM_RESTART_COUNT:-0} ))
 export GBROKER_CHECKPOINT_DIR='/scratch/ck/j 42'
 export GBROKER_RESUME_FROM='/scratch/ck/j 42/step-900'
 export GBROKER_WARNING_SECONDS=120
+export GBROKER_WARNING_SIGNAL=USR1
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 mkdir -p -- "$GBROKER_CHECKPOINT_DIR"
 
-# Run the program in the background so this shell can forward signals to it.
+note() { printf '=== gbroker: %s (%s) ===\n' "$*" "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; }
+note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB_ID:-?}, restart ${SLURM_RESTART_COUNT:-0}, on $(hostname)"
+
+# Run the program in a process group of its own, so signals reach all of it.
 child=0
 interrupted=0
+warned=0
 forward() {
     interrupted=1
+    if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
+        warned=1
+    fi
     if [ "$child" -ne 0 ]; then
-        kill -s "$1" "$child" 2>/dev/null || true
+        note "SIG$1 ($2) sent to the job"
+        kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
     fi
 }
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
+trap 'forward USR1 "time-limit warning"' USR1
+trap 'forward TERM "Slurm stops the job"' TERM
 
-python3 train.py --name 'it'"'"'s; $(rm -rf /)' '#SBATCH --partition=od' &
+setsid python3 train.py --name 'it'"'"'s; $(rm -rf /)' '#SBATCH --partition=od' &
 child=$!
 
 # A trapped signal makes `wait` return early (status > 128) while the program
@@ -47,4 +57,18 @@ while :; do
     fi
     break
 done
+# The rest of its group may still run: a trainer saving after the wrapper that started it died.
+while kill -0 -- "-$child" 2>/dev/null; do
+    sleep 1
+done
+if [ "$status" -gt 128 ]; then
+    note "the program was ended by signal $((status - 128))"
+fi
+if [ "$status" -eq 75 ] || [ -e "$GBROKER_CHECKPOINT_DIR/.gbroker-stopped-$GBROKER_ATTEMPT" ]; then
+    note "the program saved and asks to go on in a new run"
+    status=75
+elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ]; then
+    note "the program ended (status $status) after the time-limit warning: it ran out of time"
+    status=124
+fi
 exit "$status"
