@@ -42,6 +42,10 @@ class Pace(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         time.sleep(self.seconds)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            print(f"step {state.global_step}", flush=True)  # progress in the job log
+
 
 class ResultFile(TrainerCallback):
     """Writes the attempt's entry when training ends. Listed before HFCallback, which may end the program."""

@@ -28,6 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -45,6 +46,8 @@ class Regressor(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         time.sleep(self.step_s)
+        if self.trainer.is_global_zero:
+            print(f"step {self.global_step + 1}", flush=True)  # progress in the job log
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss, prog_bar=False)
@@ -85,13 +88,18 @@ def main() -> None:
     ap.add_argument("--out", default="lightning-result.json")
     ap.add_argument("--root", default=os.environ.get("GBROKER_CHECKPOINT_DIR", "lightning-run"),
                     help="Lightning's default_root_dir (checkpoints go under it)")
+    ap.add_argument("--auto-requeue", action=argparse.BooleanOptionalAction, default=True,
+                    help="under Slurm, let Lightning save and requeue the job itself on the warning "
+                    "(its default); --no-auto-requeue leaves the warning to LightningCallback")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(1024, 16), torch.randn(1024, 1))
     resume = latest_checkpoint()
+    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() and not args.auto_requeue else None
     trainer = L.Trainer(
         default_root_dir=args.root,
+        plugins=plugins,
         max_steps=args.steps,
         accelerator="cpu",
         devices=1,

@@ -97,6 +97,8 @@ def main() -> None:
         loss.backward()
         optim.step()
         step += 1
+        if rank == 0:
+            print(f"step {step}", flush=True)  # progress in the job log
         # Every rank learns whether any rank was signalled, so they stop at the same step.
         flag = torch.tensor([1 if _stop_requested else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

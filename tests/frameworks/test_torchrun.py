@@ -1,11 +1,12 @@
 """torchrun with 2 gloo workers under gbroker: examples/torchrun_finetune.py over three attempts.
 
-1. Through examples/finetune_job.sh (bash, cd to the submit directory), with
-   SIGUSR1 sent to the whole process group as gbroker sends the warning: the
-   workers are in their own sessions and get it only because torchrun
-   forwards it (--signals-to-handle); rank 0 saves, the workers exit 75,
-   torchrun exits 1, and the job script turns that back into 75 after asking
-   the manifest.
+1. Through examples/finetune_job.sh (bash, cd to the submit directory, with
+   nothing in it for gbroker) inside gbroker's real batch script, SIGUSR1
+   sent to the batch shell as Slurm's --signal=B:USR1 does: the batch script
+   sends it to the job's process group; bash dies of it, torchrun passes it
+   to its workers (PET_SIGNALS_TO_HANDLE, set by the batch script), rank 0
+   saves, the workers exit 75, torchrun exits 1; the batch script waits for
+   the whole group and, seeing the save's mark for this attempt, ends 75.
 2. torchrun alone, SIGTERM to the launcher: it forwards SIGTERM to the
    workers, they save and exit 75, torchrun exits 1; the manifest says
    "signal" for this attempt.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
+from broker.slurm.script import render_batch_script
 from framework_jobs import REPO, job_env, result
 
 EXAMPLE = str(REPO / "examples" / "torchrun_finetune.py")
@@ -29,11 +31,15 @@ def test_torchrun_workers_save_on_forwarded_signals_and_resume(ml_python, start_
     args = ["--steps", str(STEPS), "--every", "5", "--out", out]
     torchrun = [ml_python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", EXAMPLE, *args]
 
-    job = start_job(["/bin/bash", JOB_SCRIPT, *args], 1, SLURM_SUBMIT_DIR=str(REPO), GBROKER_ML_PYTHON=ml_python)
+    batch = tmp_path / "batch.sh"
+    batch.write_text(render_batch_script(job_id="42", attempt=1, checkpoint_dir=str(tmp_path / "ck"),
+                                         command=["/bin/bash", JOB_SCRIPT, *args], warning_signal_s=60))
+    job = start_job(["/bin/bash", str(batch)], 1, SLURM_SUBMIT_DIR=str(REPO), GBROKER_ML_PYTHON=ml_python)
     job.wait_for_save(5, attempt=1)
-    job.signal(signal.SIGUSR1, group=True)
+    job.signal(signal.SIGUSR1)  # to the batch shell only, as Slurm sends it
     assert job.finish() == 75, job.output()
-    assert "saved on the signal; exit 75" in job.output()
+    assert "SIGUSR1 (time-limit warning) sent to the job" in job.output()
+    assert "the program saved and asks to go on in a new run" in job.output()
     m1 = job.manifest()
     assert m1 is not None and m1["reason"] == "signal" and m1["attempt"] == 1 and m1["framework"] == "torch"
     r1 = result(tmp_path, "torchrun-result.json")["attempts"][-1]

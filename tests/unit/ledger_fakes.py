@@ -47,6 +47,7 @@ class FakeRun:
     state_raw: str = "PENDING"
     partition: str = "spot"
     node: str = ""
+    exit_code: int = 0
 
 
 @dataclass
@@ -137,7 +138,7 @@ class FakeSlurm(Backend):
                     job_id=j.job_id, name=j.name, user=j.user, account=j.account, partition=run.partition,
                     state_raw=run.state_raw, state=job_state(run.state_raw), nodelist=[run.node] if run.node else [],
                     submit=run.submit, start=run.start, end=run.end, elapsed_s=elapsed,
-                    alloc_gpus=j.gpus if run.start else 0, exit_code=0, exit_signal=0, comment=j.comment,
+                    alloc_gpus=j.gpus if run.start else 0, exit_code=run.exit_code, exit_signal=0, comment=j.comment,
                     restarts=idx,
                 ))
         return rows
@@ -219,12 +220,15 @@ class FakeSlurm(Backend):
         run.start, run.state_raw, run.node, run.partition = self.clock.now(), "RUNNING", node, j.partition
         return True
 
-    def finish(self, jid: int, ok: bool = True) -> bool:
+    def finish(self, jid: int, ok: bool = True, exit_code: int | None = None) -> bool:
         j = self.jobs_by_id[jid]
         run = j.current
         if j.done or run.state_raw != "RUNNING":
             return False
+        if exit_code is not None:
+            ok = exit_code == 0
         run.end, run.state_raw, j.done = self.clock.now(), "COMPLETED" if ok else "FAILED", True
+        run.exit_code = 0 if ok else (exit_code if exit_code is not None else 1)
         return True
 
     def reclaim(self, jid: int) -> bool:
