@@ -275,6 +275,10 @@ def _follow(
         # Slurm requeued it (node failure = spot reclaim, or preemption): the attempt is over.
         need_history[sj.job_id] = (job, att)
         return
+    if running and att.state != AttemptState.RUNNING and not _started_again(sj, job, att):
+        # A requeued job still finishing its earlier run (COMPLETING, or RUNNING with that run's
+        # start): this attempt has not started. Taking it for running would make a phantom run.
+        return
     if booting:
         att.nodes = ",".join(sj.nodes)
         _move(s, job, JobState.PENDING, f"waiting for {att.nodes} to boot", now)
@@ -464,6 +468,8 @@ def _settle(
     if still_queued is not None:
         _requeued(s, svc, job, att, rows, still_queued, now, plan, saves)
         return
+    # This attempt's own run (accounting numbers a Slurm job's runs as Slurm counts restarts).
+    rows = [r for r in rows if r.restarts == (att.slurm_restarts or 0)]
     if not rows:
         # Not in squeue, not (yet) in sacct: accounting may lag. Unknown, never completed.
         _move(s, job, JobState.UNKNOWN, f"Slurm job {att.slurm_job_id} not in squeue or sacct yet", now)
@@ -545,7 +551,9 @@ def _requeued(
     (REQUEUE* states) or accounting has no row yet, the attempt is left for a
     later tick, up to ``UNCLEAR_GRACE``.
     """
-    ended = [r for r in rows if r.end is not None and r.state in ATTEMPT_TERMINAL]
+    # This attempt's own run: accounting numbers a Slurm job's runs 0, 1, ... as Slurm counts restarts.
+    ended = [r for r in rows if r.restarts == (att.slurm_restarts or 0) and r.end is not None
+             and r.state in ATTEMPT_TERMINAL]
     last = ended[-1] if ended else None
     if (last is None or sj.state_raw.upper().startswith("REQUEUE")) and _unclear_for(svc, att, now) < UNCLEAR_GRACE:
         return
@@ -736,11 +744,11 @@ def _next_attempt(
 
 
 def _started_again(sj: SlurmJob, job: Job, nxt: Attempt) -> bool:
-    """True when the requeued Slurm job already runs its *next* run.
+    """True when the Slurm job runs the attempt ``nxt`` (its first run, or its next after a requeue).
 
     A job just requeued can still show RUNNING-like states of the run that
-    ended (COMPLETING, or RUNNING with the old start time): opening the next
-    attempt as running then would make a phantom run of 0 s. Only a run that
+    ended (COMPLETING, or RUNNING with the old start time): taking the next
+    attempt for running then would make a phantom run of 0 s. Only a run that
     started after every earlier attempt ended counts.
     """
     if sj.state_raw.upper() != "RUNNING" or sj.start_time is None:

@@ -141,6 +141,16 @@ class BrokerDaemon:
         )
         return CliResult(p.returncode, p.stdout, p.stderr)
 
+    def cli_background(self, *args: str, user: str = "alice", cwd: str | Path | None = None) -> subprocess.Popen[str]:
+        """Start `gbroker ARGS` as a real Unix user without waiting for it."""
+        pw = pwd.getpwnam(user)
+        env = dict(self.env, HOME=pw.pw_dir, USER=user, LOGNAME=user)
+        return subprocess.Popen(
+            [sys.executable, "-m", "broker", "--socket", self.socket, *args], cwd=str(cwd or self.workdir),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+        )
+
     def show(self, job_id: int, user: str = "alice") -> dict[str, Any]:
         r = self.cli("show", str(job_id), "--json", user=user)
         assert r.code == 0, r.err

@@ -410,16 +410,13 @@ def test_a_lost_answer_is_retried_and_never_makes_a_second_job(broker_daemon, sl
     d = broker_daemon
     work = user_dir(public_dir("gbroker-retry-"), "alice")
     d.stop()
-    d.start(GBROKER_CRASH_AT="after_sbatch")
-    pw = pwd.getpwnam("alice")
-    env = dict(d.env, HOME=pw.pw_dir, USER="alice", LOGNAME="alice")
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--socket", d.socket, "submit", "--json", "--group", "vision",
-         "--time", "5m", "--partition", "ondemand", "--", "sleep", "1"],
-        cwd=str(work), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        **user_kwargs("alice"))
+    # It dies with the intent stored and before sbatch: the restarted daemon submits it,
+    # and the client's retry must find that job (the crash after sbatch is test_broker_core's).
+    d.start(GBROKER_CRASH_AT="after_intent")
+    cli = d.cli_background("submit", "--json", "--group", "vision", "--time", "5m", "--partition", "ondemand",
+                           "--", "sleep", "1", cwd=work)
     assert d.proc is not None
-    d.proc.wait(60)  # it died right after sbatch, before answering
+    d.proc.wait(60)  # it died before answering
     d.proc = None
     time.sleep(1)
     d.start()

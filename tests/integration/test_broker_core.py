@@ -100,13 +100,16 @@ def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_
     d = broker_daemon
     d.stop()
     d.start(GBROKER_CRASH_AT="after_sbatch")
-    r = d.cli("submit", "--json", "--group", "vision", "--name", "crashy", "--time", "10m", "--", "sleep", "20")
-    assert r.code != 0, "the daemon should have died mid-submit"
+    # The client's answer is lost with the daemon; it retries with the same key (in the background).
+    cli = d.cli_background("submit", "--json", "--group", "vision", "--name", "crashy", "--time", "10m",
+                           "--", "sleep", "20")
     assert d.proc is not None
-    d.proc.wait(15)
-    assert d.proc.returncode == 137
+    d.proc.wait(30)
+    assert d.proc.returncode == 137, "the daemon should have died mid-submit"
     d.proc = None
     d.start()
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 0, err
     deadline = time.monotonic() + 30
     jobs: list = []
     while time.monotonic() < deadline:

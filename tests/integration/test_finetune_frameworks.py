@@ -102,7 +102,15 @@ def test_lightning_hf_torchrun_and_a_job_script_survive_a_reclaim_and_their_time
                 return None
         return shown
 
-    shown = slurm_cluster.wait_for(first_attempts_saved, timeout=420, interval=2, what="every job past two saves")
+    try:
+        shown = slurm_cluster.wait_for(first_attempts_saved, timeout=420, interval=2,
+                                       what="every job past two saves")
+    except AssertionError:
+        for name, job_id in ids.items():
+            job = d.show(job_id)
+            print(f"--- {name}: {job['state']} ({job['reason']}) attempts "
+                  f"{[(a['state'], a['nodes']) for a in job['attempts']]}\n{log_of(job)[-3000:]}")
+        raise
     nodes = sorted({job["attempts"][0]["nodes"] for job in shown.values()})
     reclaimed_at = {}
     for node in nodes:
@@ -121,10 +129,14 @@ def test_lightning_hf_torchrun_and_a_job_script_survive_a_reclaim_and_their_time
             problems.append(f"{name}: {job['state']} ({job['reason']}), attempts {states}\n{events}")
             continue
         if job["reclaims"] != 1 or job["failures"] != 0 or "reclaimed" not in states or "continued" not in states:
-            problems.append(f"{name}: reclaims {job['reclaims']}, failures {job['failures']}, attempts {states}")
+            sids = sorted({str(a["slurm_job_id"]) for a in job["attempts"]})
+            rows = [slurm_cluster.sacct_attempts(sid, "JobID,State,Start,End,ExitCode,Reason") for sid in sids]
+            problems.append(f"{name}: reclaims {job['reclaims']}, failures {job['failures']}, attempts {states}\n"
+                            f"{events}\n  sacct: {rows}")
         for a in job["attempts"]:
             if not a["started_at"] or not a["ended_at"] or seconds(a) <= 0:
-                problems.append(f"{name}: attempt {a['number']} ({a['state']}) from {a['started_at']} to {a['ended_at']}")
+                problems.append(f"{name}: attempt {a['number']} ({a['state']}) from {a['started_at']} to "
+                                f"{a['ended_at']}\n{events}")
     assert not problems, "\n".join(problems)
 
     for name in done:

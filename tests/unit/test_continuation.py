@@ -90,6 +90,7 @@ def test_a_requeued_job_still_completing_opens_no_phantom_running_attempt(world:
     job = world.slurm.jobs_by_id[sid]
     job.current.state_raw, job.current.start = "COMPLETING", old_start  # the old run's last moments
     world.tick()
+    world.tick()  # and again, while Slurm still shows the old run completing
     shown = show_job(world.svc, ROOT, out["id"])
     assert [a["state"] for a in shown["attempts"]] == ["continued", "pending"], shown["attempts"]
     job.current.state_raw, job.current.start = "PENDING", None
