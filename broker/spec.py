@@ -499,7 +499,8 @@ class _Parser:
                             "the limit", fallback=DEFAULT_MAX_RETRIES)
         signal_lead_s = check(self.signal_lead, data, time_limit_s, fallback=DEFAULT_SIGNAL_LEAD_S)
         warning_signal = check(self.warning_signal, data, style, fallback=None)
-        tasks_per_node = check(self.tasks_per_node, data, fallback=1)
+        one: int | str = 1
+        tasks_per_node = check(self.tasks_per_node, data, fallback=one)
         name_raw = check(self.string, data, "name", fallback=None)
         name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
                 else _default_name(command, script_path, kind))

@@ -308,7 +308,7 @@ def test_refused_submissions_leave_nothing_and_a_bad_row_never_stops_the_tick(br
     good = submit(d, "--group", "climate", "--time", "5m", "--partition", "ondemand", "--", "sleep", "1",
                   user="carol", cwd=carol)
     d.wait_job(good["id"], lambda j: j["state"] == "completed", timeout=240, user="carol")
-    shown = d.wait_job(bad["id"], lambda j: "could not process" in j["reason"], timeout=120)
+    d.wait_job(bad["id"], lambda j: "could not process" in j["reason"], timeout=120)
     time.sleep(3)  # more ticks: the error stays said once
     log = d.log_path.read_text()
     assert log.count(f"job {bad['id']}: gbroker could not process") == 1, "the bad row's error is logged at every tick"
