@@ -4,8 +4,10 @@ Five jobs at once, each a real framework in /opt/gbroker/venv-ml (tiny models,
 CPU, steps paced at 0.25 s): Lightning left to gbroker's callback, Lightning
 with its own Slurm auto-requeue, the Hugging Face Trainer, plain DDP under
 torchrun, and a bash job script around torchrun. Each is reclaimed once on
-spot (its node vanishes) and runs into its 2-minute time limit, whose warning
-comes a minute before; each must go on from its checkpoints to the end:
+spot (its node vanishes) and runs into its 3-minute time limit, whose warning
+is asked for a minute before (Slurm checks time limits every 30 s and may send
+it up to a minute earlier still: never before the frameworks are up, here, on
+a busy machine); each must go on from its checkpoints to the end:
 
 * every job completes, its own result file showing each attempt resumed from
   a checkpoint, none starting over;
@@ -34,14 +36,14 @@ PY = "/opt/gbroker/venv-ml/bin/python"
 STEP_S = 0.25
 EVERY = 20
 """Steps between checkpoints: 5 s of work."""
-STEPS = 400
-"""100 s of training: more than one 2-minute run can do after its warning and a reclaim."""
+STEPS = 560
+"""140 s of training: more than a run after the reclaim can do before its warning (at most 120 s in)."""
 
 
 def job_file(work: Path, name: str, command: list[str], gpus: int = 1) -> Path:
     text = "\n".join([
         f'name = "{name}"', 'kind = "finetune"', 'group = "vision"', f"gpus_per_node = {gpus}",
-        'time_limit = "2m"', "signal_lead_s = 60", 'partition = "spot"',
+        'time_limit = "3m"', "signal_lead_s = 60", 'partition = "spot"',
         "command = [" + ", ".join(f'"{c}"' for c in command) + "]",
         'env = { FINETUNE_STEP_SECONDS = "0.25", OMP_NUM_THREADS = "1", PYTHONWARNINGS = "ignore" }',
         "[checkpoint]", 'style = "signal"', f'dir = "{work / name}-ck"', "",
