@@ -17,7 +17,7 @@ not be able to starve the others. Every connection is bounded:
   ``max_request_bytes``; a larger one is read to its end (up to a bound) and
   dropped, so the client still gets the "too large" answer;
 * handlers never hold the daemon's write lock across a Slurm call or a
-  user's file (see ``broker.service``), so no request waits on another
+  user's file (see ``broker.userfiles``), so no request waits on another
   user's slow one.
 """
 

@@ -233,7 +233,7 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
                 raise ValueError("idle_seconds must be >= 0")
             price = table.get("price_per_node_hour")
             if price is not None:
-                from broker.money import parse_money
+                from broker.money.amount import parse_money
 
                 if isinstance(price, (float, bool)):
                     raise ValueError('write price_per_node_hour as a string, e.g. "2.40" (money is exact)')

@@ -20,8 +20,8 @@ from broker.api import ApiServer
 from broker.config import Settings
 from broker.db.engine import check_private
 from broker.errors import BrokerError
-from broker.service.context import Services, build_services
-from broker.service.handlers import make_handlers
+from broker.state import Services, build_services
+from broker.jobs.handlers import make_handlers
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import click
 from broker.cli.main import Context
 from broker.cli.output import duration, print_json, print_table
 from broker.errors import DaemonUnavailable
-from broker.money import format_money
+from broker.money.amount import format_money
 
 pass_ctx = click.make_pass_decorator(Context)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -41,7 +41,7 @@ def node() -> None:
 
 def _hook(ctx: Context, action: str, hostlists: tuple[str, ...], as_json: bool) -> None:
     from broker.client import call
-    from broker.providers.hooks import expand_hostlists, new_key
+    from broker.nodes.providers.hooks import expand_hostlists, new_key
 
     names = expand_hostlists(hostlists)
     key = new_key()
@@ -72,8 +72,8 @@ def _hook(ctx: Context, action: str, hostlists: tuple[str, ...], as_json: bool) 
 def _direct(ctx: Context, action: str, names: list[str], key: str) -> dict[str, Any]:
     """The daemon is down: do the provider's part here and journal it for billing."""
     from broker.config import load_settings
-    from broker.providers import hooks
-    from broker.providers.base import ProviderError, ResumeIncomplete
+    from broker.nodes.providers import hooks
+    from broker.nodes.providers.base import ProviderError, ResumeIncomplete
 
     settings = load_settings(ctx.config_path)
     provider = hooks.make_provider(settings)
@@ -105,7 +105,7 @@ def _direct(ctx: Context, action: str, names: list[str], key: str) -> dict[str, 
 
 def _facts(names: list[str]) -> dict[str, Any]:
     from broker.errors import SlurmError
-    from broker.providers.hooks import NodeFacts
+    from broker.nodes.providers.hooks import NodeFacts
     from broker.slurm.cli_backend import CliBackend
 
     try:
@@ -118,7 +118,7 @@ def _facts(names: list[str]) -> dict[str, Any]:
 
 def _mark_down(names: list[str]) -> None:
     from broker.errors import SlurmError
-    from broker.service.node_slurm import NodeSlurm
+    from broker.nodes.slurm import NodeSlurm
     from broker.slurm.cli_backend import CliBackend
 
     try:

@@ -1,6 +1,6 @@
 """Spend reports, budget overviews and ledger lines as aligned tables and CSV.
 
-Input is the plain data the daemon answers with (``broker.service.reporting``);
+Input is the plain data the daemon answers with (``broker.money.reporting``);
 money arrives as integer micro-units next to display strings, and CSV carries
 both: cents for people, micro-units for exact sums.
 """

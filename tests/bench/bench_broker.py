@@ -89,8 +89,8 @@ def seed(url: str, n: int, now: datetime) -> None:
 
 
 def bench_ticks(n: int) -> dict[str, float]:
-    from broker.service.context import build_services
-    from broker.service.reconcile import reconcile
+    from broker.state import build_services
+    from broker.jobs.reconcile import reconcile
     from broker.slurm.cli_backend import CliBackend
 
     now = datetime(2026, 9, 1, 1, 0, tzinfo=UTC)

@@ -18,8 +18,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from broker.providers.aws import AwsProvider
-from broker.providers.base import (
+from broker.nodes.providers.aws import AwsProvider
+from broker.nodes.providers.base import (
     CLUSTER_TAG,
     NODE_TAG,
     Capacity,

@@ -33,8 +33,8 @@ from sqlalchemy import select
 
 from broker.db.engine import make_engine
 from broker.db.models import Event
-from broker.money import cost_micros, parse_money
-from broker.providers.local import LocalProvider
+from broker.money.amount import cost_micros, parse_money
+from broker.nodes.providers.local import LocalProvider
 from broker_fixtures import DEVCLUSTER, SRC, BrokerDaemon, public_dir
 
 pytestmark = pytest.mark.slurm

@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker.api import Caller
-from broker.service.userfiles import SaveFacts, UserFiles
+from broker.userfiles import SaveFacts, UserFiles
 from broker.clock import FakeClock
 from broker.config import Settings
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.service.context import Services, build_services
+from broker.state import Services, build_services
 from broker.slurm.backend import Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
 from broker.slurm.cli_backend import time_limit_minutes
 from broker.slurm.statemap import job_state
@@ -335,7 +335,7 @@ def job_spec(group: str = "vision", gpus: int = 1, time: str = "10m", interrupti
 def setup_lab(svc: Services, *, vision_budget: str | None = "100", climate_budget: str | None = "100",
               spot: str = "3.60", ondemand: str = "7.20") -> None:
     """Semester 2026-fall, groups vision (alice, bob) and climate (carol), prices, budgets."""
-    from broker.service.budget_api import handlers
+    from broker.money.handlers import handlers
 
     ops = handlers(svc)
     ops["semester_add"](ROOT, {"name": "2026-fall", "start": "2026-09-01", "end": "2027-01-31"})
@@ -366,12 +366,12 @@ class World:
         self.svc = make_services(self.db_url, self.clock, self.slurm, self.crash, migrate=False)
 
     def ops(self) -> dict[str, Any]:
-        from broker.service.budget_api import handlers
+        from broker.money.handlers import handlers
 
         return handlers(self.svc)
 
     def submit(self, user: str = "alice", deadline_in_s: int | None = None, **kw: Any) -> dict[str, Any]:
-        from broker.service.submit import submit
+        from broker.jobs.submit import submit
 
         spec = job_spec(**kw)
         if deadline_in_s is not None:
@@ -379,8 +379,8 @@ class World:
         return submit(self.svc, caller(user), spec)
 
     def tick(self) -> None:
-        from broker.service.ledger import ledger_tick
-        from broker.service.reconcile import reconcile
+        from broker.money.ledger import ledger_tick
+        from broker.jobs.reconcile import reconcile
 
         self.slurm.expire()
         reconcile(self.svc)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.service.handlers import show_job
-from broker.service.placement import reclaim_history
+from broker.jobs.handlers import show_job
+from broker.jobs.placement import reclaim_history
 from ledger_fakes import ROOT, World, setup_lab
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import policies
-from broker.service.handlers import show_job
+from broker.jobs.handlers import show_job
 from ledger_fakes import ROOT, World, setup_lab
 
 
@@ -130,7 +130,7 @@ def test_a_failed_requeue_is_tried_again_at_the_next_tick(world: World) -> None:
 
 def test_progress_counts_kept_work_and_the_last_checkpoint(tmp_path: Path) -> None:
     from broker.db.models import Attempt
-    from broker.service.placement import progress_s
+    from broker.jobs.placement import progress_s
     from broker.spec import spec_from_dict
 
     t0 = datetime(2026, 10, 1, 8, 0, tzinfo=UTC)

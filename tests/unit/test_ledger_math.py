@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from broker.money import parse_money
-from broker.service.charging import MissingPrice, Run, billable_limit_s, split_run
-from broker.service.pricing import PriceBook, PriceRow
+from broker.money.amount import parse_money
+from broker.money.charging import MissingPrice, Run, billable_limit_s, split_run
+from broker.money.pricing import PriceBook, PriceRow
 
 T0 = datetime(2026, 10, 1, 12, 0, tzinfo=UTC)
 

@@ -18,7 +18,7 @@ from broker.db.ledger_models import Charge, LedgerRun
 from broker.db.migrate import upgrade_to_head
 from broker.db.models import AppendOnlyError
 from broker.errors import SpecError
-from broker.service import ledger
+from broker.money import ledger
 from ledger_fakes import ROOT, World, setup_lab
 
 T = datetime(2026, 10, 1, 8, 0, tzinfo=UTC)
@@ -145,7 +145,7 @@ def test_many_ended_jobs_cost_one_sacct_call(db_url: str) -> None:
     w.advance(20)
     for sid in ids:
         w.slurm.finish(sid)
-    from broker.service.reconcile import reconcile
+    from broker.jobs.reconcile import reconcile
 
     reconcile(w.svc)
     before = w.slurm.calls.get("sacct", 0)
@@ -186,8 +186,8 @@ def test_idle_node_time_is_its_own_line(db_url: str) -> None:
 
 
 def test_ledger_tick_charges_the_node_managers_idle_stretches_once(db_url: str) -> None:
-    from broker.money import cost_micros, parse_money
-    from broker.service import node_sessions as ns
+    from broker.money.amount import cost_micros, parse_money
+    from broker.nodes import sessions as ns
 
     w = World(db_url)
     setup_lab(w.svc)

@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta, UTC
 
-from broker.service.market import SpotObserver
+from broker.market import SpotObserver
 from broker.slurm.backend import NodeInfo
 from broker.states import NodeState
 
@@ -60,7 +60,7 @@ def test_a_gang_sees_its_own_windows_and_outages() -> None:
 def test_the_daemon_gives_each_gang_its_own_market() -> None:
     from types import SimpleNamespace
 
-    from broker.service.placement import market_view
+    from broker.jobs.placement import market_view
     from policies import MarketView
 
     obs = SpotObserver()
@@ -79,7 +79,7 @@ def test_the_daemon_gives_each_gang_its_own_market() -> None:
 def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
     from types import SimpleNamespace
 
-    from broker.service.placement import OWN_SIZE_HOURS, ReclaimHistory, market_view
+    from broker.jobs.placement import OWN_SIZE_HOURS, ReclaimHistory, market_view
     from policies import MarketView
 
     # 10 single-node reclaims in 40 spot hours, 1 four-node reclaim in 2 hours.
@@ -106,8 +106,8 @@ def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
 def test_the_reclaim_history_counts_the_nodes_of_each_attempt(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from ledger_fakes import World, caller, job_spec, setup_lab
 
-    from broker.service.placement import reclaim_history
-    from broker.service.submit import submit
+    from broker.jobs.placement import reclaim_history
+    from broker.jobs.submit import submit
 
     w = World(f"sqlite:///{tmp_path / 'gb.db'}")
     setup_lab(w.svc, vision_budget="1000")

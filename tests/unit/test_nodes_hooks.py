@@ -67,6 +67,6 @@ def test_contrib_hooks_call_gbroker_node(verb: str, tmp_path: Path) -> None:
 
 
 def test_the_cli_imports_no_orm() -> None:
-    code = ("import sys, broker.cli.node, broker.providers.hooks; "
+    code = ("import sys, broker.cli.node, broker.nodes.providers.hooks; "
             "assert 'sqlalchemy' not in sys.modules and 'boto3' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)

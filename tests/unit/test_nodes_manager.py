@@ -21,9 +21,9 @@ from broker.clock import FakeClock
 from broker.config import NodePartition, Settings
 from broker.db.models import Event
 from broker.db.node_models import NodeSession, NodeUsage
-from broker.money import cost_micros
-from broker.providers import hooks
-from broker.providers.base import (
+from broker.money.amount import cost_micros
+from broker.nodes.providers import hooks
+from broker.nodes.providers.base import (
     Capacity,
     Instance,
     InstanceState,
@@ -32,10 +32,10 @@ from broker.providers.base import (
     ProviderError,
     ResumeIncomplete,
 )
-from broker.service import node_sessions as ns
-from broker.service.context import build_services
-from broker.service.node_slurm import gpus_per_node, parse_pending
-from broker.service.nodes import NodeManager, manager
+from broker.nodes import sessions as ns
+from broker.state import build_services
+from broker.nodes.slurm import gpus_per_node, parse_pending
+from broker.nodes.manager import NodeManager, manager
 from broker.slurm.backend import Backend, NodeInfo, SlurmJob
 from broker.slurm.runner import CallCounter, CompletedRun
 from broker.slurm.statemap import job_state, parse_node_state

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from broker.service.node_policy import (
+from broker.nodes.policy import (
     NodeView,
     PartitionRule,
     PendingJob,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from broker.errors import BrokerError
-from broker.providers.base import (
+from broker.nodes.providers.base import (
     Capacity,
     Instance,
     InstanceState,
@@ -39,8 +39,8 @@ from broker.providers.base import (
     provider_names,
     sweep_plan,
 )
-from broker.providers.command import CommandProvider
-from broker.providers.local import LocalProvider
+from broker.nodes.providers.command import CommandProvider
+from broker.nodes.providers.local import LocalProvider
 
 T0 = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
 GRACE = 600
@@ -422,7 +422,7 @@ def test_command_missing_program_and_bad_argv(tmp_path: Path) -> None:
 
 
 def aws_provider(**kw: Any) -> Any:
-    from broker.providers.aws import AwsProvider
+    from broker.nodes.providers.aws import AwsProvider
 
     settings: dict[str, Any] = {"ami": "ami-1234", "instance_types": {"spot": "g5.xlarge"}}
     settings.update(kw)
@@ -444,7 +444,7 @@ def test_aws_client_token_is_stable_per_power_up() -> None:
 
 def test_aws_client_token_without_generation_uses_a_time_window() -> None:
     from broker.clock import FakeClock
-    from broker.providers.aws import RESUME_TOKEN_WINDOW_SECONDS
+    from broker.nodes.providers.aws import RESUME_TOKEN_WINDOW_SECONDS
 
     clock = FakeClock(datetime(2026, 9, 1, 12, 0, tzinfo=UTC))
     p = aws_provider(clock=clock)
@@ -477,7 +477,7 @@ def test_aws_launch_params_tag_at_launch_and_pick_the_market() -> None:
 
 
 def test_aws_settings_are_checked() -> None:
-    from broker.providers.aws import AwsProvider
+    from broker.nodes.providers.aws import AwsProvider
 
     with pytest.raises(ProviderConfigError, match="launch_template or an ami"):
         AwsProvider("us-east-1", "lab")
@@ -511,7 +511,7 @@ def client_error(code: str, message: str = "nope") -> Exception:
     ],
 )
 def test_aws_error_mapping(code: str, kind: str, hint_word: str) -> None:
-    from broker.providers.aws_errors import map_aws_error
+    from broker.nodes.providers.aws_errors import map_aws_error
 
     err = map_aws_error(client_error(code, "we ran out"), action="launch an instance",
                         nodes=["spot1"])
@@ -524,8 +524,8 @@ def test_aws_error_mapping(code: str, kind: str, hint_word: str) -> None:
 def test_aws_missing_credentials_and_endpoint_mapping() -> None:
     from botocore.exceptions import EndpointConnectionError, NoCredentialsError
 
-    from broker.providers.aws_errors import map_aws_error
-    from broker.providers.base import ProviderCredentialsError
+    from broker.nodes.providers.aws_errors import map_aws_error
+    from broker.nodes.providers.base import ProviderCredentialsError
 
     assert isinstance(map_aws_error(NoCredentialsError(), action="x"), ProviderCredentialsError)
     unreachable = map_aws_error(EndpointConnectionError(endpoint_url="http://x"), action="x")

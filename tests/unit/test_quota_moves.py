@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import policies
-from broker.service.handlers import show_job
+from broker.jobs.handlers import show_job
 from ledger_fakes import ROOT, World, setup_lab
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.service.reconcile import reconcile
+from broker.jobs.reconcile import reconcile
 from broker.states import JobState
 from ledger_fakes import ROOT, World, setup_lab
 
@@ -26,7 +26,7 @@ def world(tmp_path: Path) -> World:
 
 
 def show(w: World, job_id: int) -> dict[str, Any]:
-    from broker.service.handlers import show_job
+    from broker.jobs.handlers import show_job
 
     return show_job(w.svc, ROOT, job_id)
 

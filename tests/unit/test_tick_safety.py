@@ -20,7 +20,7 @@ from sqlalchemy import text
 from broker.api import Caller
 from broker.db.store import IdempotencyConflict
 from broker.errors import AdmissionRefused, SpecError
-from broker.service.handlers import cancel_jobs, list_jobs, show_job
+from broker.jobs.handlers import cancel_jobs, list_jobs, show_job
 from ledger_fakes import ROOT, World, caller, job_spec, setup_lab
 
 
@@ -41,7 +41,7 @@ def test_a_bad_row_stops_only_its_job_and_is_logged_once(world: World, caplog: p
     world.advance(30)
     world.slurm.reclaim(bad["slurm_job_id"])  # settling this one needs its spec
     world.slurm.finish(good["slurm_job_id"])
-    with caplog.at_level(logging.ERROR, logger="broker.service.reconcile"):
+    with caplog.at_level(logging.ERROR, logger="broker.jobs.reconcile"):
         for _ in range(4):
             world.tick()
             world.advance(1)
@@ -77,7 +77,7 @@ def test_cancel_verifies_ids_before_root_cancels_them(world: World) -> None:
 
 
 def test_a_retried_submission_returns_the_first_job(world: World) -> None:
-    from broker.service.submit import submit
+    from broker.jobs.submit import submit
 
     spec = job_spec()
     first = submit(world.svc, caller("alice"), spec, "gb-aaaaaaaaaaaa")
@@ -115,7 +115,7 @@ def test_group_spelling_is_folded_as_slurm_folds_account_names(world: World) -> 
 def test_lost_work_comes_from_the_owners_view_of_the_checkpoint_directory(world: World) -> None:
     spec = job_spec()
     spec["checkpoint"] = {"style": "signal", "dir": "/scratch/alice/ck"}
-    from broker.service.submit import submit
+    from broker.jobs.submit import submit
 
     out = submit(world.svc, caller("alice"), spec)
     world.slurm.start(out["slurm_job_id"])

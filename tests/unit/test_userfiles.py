@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.errors import SpecError
-from broker.service.userfiles import SaveFacts, SaveWatcher, UserFiles, parse_listing
+from broker.userfiles import SaveFacts, SaveWatcher, UserFiles, parse_listing
 
 files = UserFiles()
 

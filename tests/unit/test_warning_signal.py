@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from broker.service.submit import request_for, warning_lead_s
+from broker.jobs.submit import request_for, warning_lead_s
 from broker.spec import parse_spec
 from policies import Capacity
 

@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from broker.providers.base import NodeRequest, Provider, ProviderConfigError, from_name
+from broker.nodes.providers.base import NodeRequest, Provider, ProviderConfigError, from_name
 from broker.slurm.hostlist import count, expand
 
 ACTIONS = ("resume", "suspend", "resume_fail")

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from broker.service.node_policy import PendingJob
+from broker.nodes.policy import PendingJob
 from broker.slurm.backend import SlurmJob
 from broker.slurm.hostlist import compress, expand
 from broker.slurm.runner import Runner

@@ -21,10 +21,10 @@ from broker.api import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
-from broker.service.admission import admit
-from broker.service.context import Services, must_get
-from broker.service.placement import capacity_of_partition, job_view, market_view
-from broker.service.views import job_summary
+from broker.money.admission import admit
+from broker.state import Services, must_get
+from broker.jobs.placement import capacity_of_partition, job_view, market_view
+from broker.jobs.views import job_summary
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.script import render_batch_script
 from broker.spec import JobSpec, spec_from_dict

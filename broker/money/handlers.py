@@ -24,10 +24,10 @@ from broker.spec import account_name
 from broker.db import store
 from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price, Quota, Semester
 from broker.errors import SpecError
-from broker.money import format_money, parse_money
-from broker.service import budgets as B
-from broker.service import reporting
-from broker.service.pricing import ANY_PARTITION, CAPACITIES
+from broker.money.amount import format_money, parse_money
+from broker.money import budgets as B
+from broker.money import reporting
+from broker.money.pricing import ANY_PARTITION, CAPACITIES
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
 

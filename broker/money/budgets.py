@@ -38,9 +38,9 @@ from broker.db.ledger_models import (
 )
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound
-from broker.money import format_money
-from broker.service.charging import billable_limit_s, estimate_micros
-from broker.service.pricing import PriceBook, PriceRow
+from broker.money.amount import format_money
+from broker.money.charging import billable_limit_s, estimate_micros
+from broker.money.pricing import PriceBook, PriceRow
 from broker.states import MOVING_OUTCOME, TERMINAL
 
 DEFAULT_THRESHOLDS = (50, 80, 100)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.providers.base import (
+from broker.nodes.providers.base import (
     Instance,
     InstanceState,
     NodeRequest,
@@ -38,7 +38,7 @@ from broker.providers.base import (
     parse_capacity,
     pick_current,
 )
-from broker.providers.runner import DEFAULT_TIMEOUT_SECONDS, CommandResult, run_argv
+from broker.nodes.providers.runner import DEFAULT_TIMEOUT_SECONDS, CommandResult, run_argv
 
 STDOUT_EXCERPT_CHARS = 300
 

@@ -11,9 +11,9 @@ from broker.api import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
-from broker.service.context import Services, must_get
-from broker.service.submit import submit
-from broker.service.views import job_detail, job_summary
+from broker.state import Services, must_get
+from broker.jobs.submit import submit
+from broker.jobs.views import job_detail, job_summary
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
@@ -23,7 +23,7 @@ MAX_IDS_PER_REQUEST = 1000
 MAX_LIST = 10_000
 MAX_JOB_ID = 2**63 - 1
 
-EXTENSIONS = ("broker.service.budget_api", "broker.service.node_api")
+EXTENSIONS = ("broker.money.handlers", "broker.nodes.handlers")
 """Modules that add operations: each has ``handlers(svc) -> dict[str, Handler]``."""
 
 
@@ -151,7 +151,7 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
             ).all()
         ]
     if bound:
-        from broker.service.slurm_ids import verified
+        from broker.jobs.ownership import verified
 
         # Slurm first: if it is unreachable the error says so and nothing changes here.
         # Only ids Slurm itself shows as these jobs' (key and owner) are touched.

@@ -135,7 +135,7 @@ def build_market(svc: object, session: object, now: datetime, reclaim_rate: floa
 
 def _prices(svc: object, session: object, now: datetime) -> dict[str, int]:
     """Per GPU-hour prices in force now, from the price book when it has them."""
-    from broker.service.budgets import price_book
+    from broker.money.budgets import price_book
 
     book = price_book(session)  # type: ignore[arg-type]
     settings = svc.settings  # type: ignore[attr-defined]

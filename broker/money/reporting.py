@@ -22,9 +22,9 @@ from broker.api import Caller
 from broker.config import Settings
 from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semester
 from broker.errors import SpecError
-from broker.money import format_money
-from broker.service import budgets as B
-from broker.service.forecast import DEFAULT_WINDOW, forecast
+from broker.money.amount import format_money
+from broker.money import budgets as B
+from broker.money.forecast import DEFAULT_WINDOW, forecast
 
 BY_CHOICES = ("group", "user", "kind", "partition")
 IDLE_ROW = "(idle nodes)"

@@ -26,7 +26,7 @@ from broker.db.node_models import (
     NodeSession,
     NodeUsage,
 )
-from broker.money import cost_micros, parse_money
+from broker.money.amount import cost_micros, parse_money
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def node_price(s: Session, settings: Any, partition: str, capacity: str, gpus: i
         return parse_money(rule.price_per_node_hour)
     try:
         from broker.db.ledger_models import Price
-        from broker.service.pricing import PriceBook, PriceRow
+        from broker.money.pricing import PriceBook, PriceRow
     except ImportError:  # the budgets module is not installed
         return None
     rows = s.execute(select(Price).where(Price.capacity == capacity)).scalars()

@@ -6,7 +6,7 @@ Each tick:
    reads them all with ONE ``sacct --duplicates`` call (every run of a
    requeued job is a row; sacct's elapsed time is the truth);
 2. charges every ended run not charged before, cut per price period,
-   semester and useful/lost part (``broker.service.charging``), in one
+   semester and useful/lost part (``broker.money.charging``), in one
    transaction; ``ledger_runs`` and ``charges`` are keyed so a run can never
    be charged twice, even after a crash between "charged" and "told";
 3. releases the reservation of every finished job whose runs are all charged;
@@ -41,11 +41,11 @@ from broker.db.ledger_models import (
 )
 from broker.db.models import Attempt, Job
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.money import format_money
-from broker.service import alerts
-from broker.service import budgets as B
-from broker.service.charging import MissingPrice, Run, split_run
-from broker.service.slurm_ids import verified
+from broker.money.amount import format_money
+from broker.money import alerts
+from broker.money import budgets as B
+from broker.money.charging import MissingPrice, Run, split_run
+from broker.jobs.ownership import verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState

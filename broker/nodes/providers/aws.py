@@ -34,8 +34,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from broker.clock import Clock, SystemClock
-from broker.providers.aws_errors import map_aws_error
-from broker.providers.base import (
+from broker.nodes.providers.aws_errors import map_aws_error
+from broker.nodes.providers.base import (
     CAPACITY_TAG,
     CLUSTER_TAG,
     DEAD,

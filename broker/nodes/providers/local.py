@@ -31,7 +31,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from broker.providers.base import (
+from broker.nodes.providers.base import (
     Capacity,
     Instance,
     InstanceState,

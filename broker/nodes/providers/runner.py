@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.providers.base import ProviderCommandError
+from broker.nodes.providers.base import ProviderCommandError
 
 DEFAULT_TIMEOUT_SECONDS = 120
 STDERR_TAIL_CHARS = 2000

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from broker.service.context import Services
+from broker.state import Services
 
 log = logging.getLogger(__name__)
 

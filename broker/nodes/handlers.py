@@ -14,10 +14,10 @@ from typing import Any
 
 from broker.api import Caller
 from broker.errors import SpecError
-from broker.money import format_money
-from broker.providers.hooks import expand_hostlists, new_key
-from broker.service import node_sessions as ns
-from broker.service.nodes import manager
+from broker.money.amount import format_money
+from broker.nodes.providers.hooks import expand_hostlists, new_key
+from broker.nodes import sessions as ns
+from broker.nodes.manager import manager
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
 

@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 
 from broker.db.ledger_models import TAG_LOST, TAG_USEFUL
 from broker.errors import BrokerError
-from broker.money import cost_micros
-from broker.service.pricing import PriceBook
+from broker.money.amount import cost_micros
+from broker.money.pricing import PriceBook
 
 
 class MissingPrice(BrokerError):

@@ -27,7 +27,7 @@ from broker.db.migrate import upgrade_to_head
 from broker.slurm import make_backend
 from broker.slurm.runner import Runner
 from broker.slurm.backend import Backend
-from broker.service.userfiles import SaveWatcher, UserFiles
+from broker.userfiles import SaveWatcher, UserFiles
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class Services:
         """Nothing special: the first reconcile tick adopts by key (principle 4)."""
 
     def reconcile_tick(self) -> None:
-        from broker.service.reconcile import reconcile
+        from broker.jobs.reconcile import reconcile
 
         reconcile(self)
 
@@ -188,7 +188,7 @@ class Services:
         return out
 
 
-PERIODIC = ("broker.service.ledger", "broker.service.nodes")
+PERIODIC = ("broker.money.ledger", "broker.nodes.manager")
 
 
 M = TypeVar("M")

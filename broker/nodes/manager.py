@@ -13,7 +13,7 @@ One tick (every ``node_tick_seconds``):
    down that Slurm holds up with no instance behind them).
 
 Slurm's ResumeProgram/SuspendProgram reach :meth:`NodeManager.resume` /
-:meth:`NodeManager.suspend` through the socket (``broker.service.node_api``).
+:meth:`NodeManager.suspend` through the socket (``broker.nodes.handlers``).
 Slurm stays the source of truth for node state; the provider only makes
 instances exist or not.
 """
@@ -30,12 +30,12 @@ from typing import Any
 
 from broker.db.node_models import SOURCE_HOOK, SOURCE_JOURNAL, SOURCE_OBSERVED, USAGE_BUSY, USAGE_IDLE
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.providers import hooks
-from broker.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
-from broker.service import node_sessions as ns
-from broker.service.node_policy import NodeView, PartitionRule, PendingJob, Power, plan_release
-from broker.service.market import observer
-from broker.service.node_slurm import NodeSlurm
+from broker.nodes.providers import hooks
+from broker.nodes.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
+from broker.nodes import sessions as ns
+from broker.nodes.policy import NodeView, PartitionRule, PendingJob, Power, plan_release
+from broker.market import observer
+from broker.nodes.slurm import NodeSlurm
 from broker.slurm.backend import NodeInfo, SlurmJob
 from broker.slurm.statemap import (
     FLAG_DRAIN,

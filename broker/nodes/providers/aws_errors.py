@@ -21,7 +21,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from broker.providers.base import (
+from broker.nodes.providers.base import (
     CapacityUnavailable,
     ProviderConfigError,
     ProviderCredentialsError,

@@ -374,9 +374,9 @@ def sweep_plan(
 # --------------------------------------------------------------------------- registry
 
 _REGISTRY: dict[str, str] = {
-    "aws": "broker.providers.aws:AwsProvider",
-    "command": "broker.providers.command:CommandProvider",
-    "local": "broker.providers.local:LocalProvider",
+    "aws": "broker.nodes.providers.aws:AwsProvider",
+    "command": "broker.nodes.providers.command:CommandProvider",
+    "local": "broker.nodes.providers.local:LocalProvider",
 }
 """Name -> "module:Class". Imported lazily so choosing ``command`` never imports boto3."""
 

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from broker.config import Settings
 from broker.db.models import Attempt
 from broker.errors import SpecError
-from broker.service.market import for_gang
+from broker.market import for_gang
 from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
 from policies import AttemptView, Capacity, JobView, MarketView

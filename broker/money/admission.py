@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from broker.api import Caller
 from broker.errors import AdmissionRefused, PermissionDenied
-from broker.money import format_money
-from broker.service import budgets as B
+from broker.money.amount import format_money
+from broker.money import budgets as B
 from broker.spec import JobSpec
 
 CAPACITY_WORDS = {"spot": "spot", "ondemand": "on-demand"}

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 from broker.db.ledger_models import Charge, Semester
 from broker.db.models import Attempt, Job
-from broker.money import cost_micros, format_money
-from broker.service import budgets as B
-from broker.service.pricing import PriceBook
+from broker.money.amount import cost_micros, format_money
+from broker.money import budgets as B
+from broker.money.pricing import PriceBook
 from broker.states import AttemptState
 
 DEFAULT_WINDOW = timedelta(days=7)

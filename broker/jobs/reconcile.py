@@ -25,19 +25,19 @@ from sqlalchemy.orm import Session, lazyload
 from broker.db import store
 from broker.db.models import Attempt, Event, Job
 from broker.errors import BrokerError, SlurmError, SlurmUnavailable
-from broker.service import budgets
-from broker.service.context import Services, must_get
-from broker.service.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
-from broker.service.slurm_ids import is_ours
-from broker.service.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
-from broker.service.userfiles import SaveFacts
+from broker.money import budgets
+from broker.state import Services, must_get
+from broker.jobs.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
+from broker.jobs.ownership import is_ours
+from broker.jobs.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
+from broker.userfiles import SaveFacts
 from broker.checkpoint.manifest import RESUME_EXIT
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
-from broker.service.market import build_market
+from broker.market import build_market
 from policies import Action, Capacity, Placement
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,13 @@
+"""Jobs: a job's life from submission to its last attempt.
+
+Owns submission (checks, the sbatch of each attempt), placement (which
+capacity a job or attempt gets, from the policy and the market), the
+reconcile tick (following Slurm, settling ended runs, recovering from
+reclaims, deadline moves), ownership checks on Slurm ids, the job socket
+handlers and the views the CLI shows.
+
+May import: broker.money (admission, the ledger's charges), broker.market,
+broker.state, broker.slurm, broker.db, policies and the base modules
+(spec, states, config, clock, errors, proc, userfiles). Never the transport
+(api, client), the CLI or the daemon.
+"""

@@ -1,0 +1,11 @@
+"""Money: prices, the ledger, budgets, quotas, alerts, forecasts and reports.
+
+Everything is integer micro-units (``amount``). Owns the price book
+(``pricing``), charging runs and node time (``charging``, ``ledger``),
+admission against budgets and quotas, budget alerts, the spend forecast, the
+spend reports and the budget socket handlers.
+
+May import: broker.state, broker.db, broker.slurm (accounting), the base
+modules. Never broker.jobs or broker.nodes, the transport, the CLI or the
+daemon.
+"""
