@@ -34,13 +34,13 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.errors import BrokerError, PermissionDenied
+from broker.caller import Caller, Handler
+from broker.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -78,24 +78,6 @@ class RequestTooLarge(BrokerError):
     exit_code = 2
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who is on the other end of the socket, as the kernel says."""
-
-    uid: int
-    gid: int
-    pid: int
-    name: str
-    is_admin: bool
-
-    def require_admin(self, what: str) -> None:
-        if not self.is_admin:
-            raise PermissionDenied(
-                f"{what} is for gbroker admins; user {self.name} (uid {self.uid}) is not one",
-                hint="ask a lab admin to run it, or to add you to the admin group",
-            )
-
-
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end, from the kernel."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -118,7 +100,6 @@ def caller_from_ids(pid: int, uid: int, gid: int, admin_group: str) -> Caller:
     return Caller(uid=uid, gid=gid, pid=pid, name=name, is_admin=is_admin)
 
 
-Handler = Callable[[Caller, dict[str, Any]], Any]
 
 
 class ApiServer:

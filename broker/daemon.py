@@ -20,8 +20,9 @@ from broker.api import ApiServer
 from broker.config import Settings
 from broker.db.engine import check_private
 from broker.errors import BrokerError
-from broker.state import Services, build_services
-from broker.jobs.handlers import make_handlers
+from broker.nodes.manager import NodeManager
+from broker.state import Services
+from broker.wiring import build_services, handlers, periodic_ticks, reconcile_tick
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Daemon:
     def __init__(self, settings: Settings, services: Services | None = None) -> None:
         self.settings = settings
         self.services = services or build_services(settings)
+        self.nodes = NodeManager(self.services)
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.stopping = threading.Event()
         self.scheduler = BackgroundScheduler(timezone="UTC")
@@ -72,10 +74,9 @@ class Daemon:
         check_private(self.settings.db_url)
         self.services.migrate()
         self.acquire_lease(wait_for_lease)
-        self.services.adopt_on_start()
         tick = self.settings.tick_seconds
         self.scheduler.add_job(
-            self.services.reconcile_tick,
+            reconcile_tick(self.services),
             "interval",
             seconds=tick,
             id="reconcile",
@@ -83,7 +84,7 @@ class Daemon:
             coalesce=True,
             next_run_time=None,
         )
-        for job_id, func, seconds in self.services.periodic_jobs():
+        for job_id, func, seconds in periodic_ticks(self.services, self.nodes):
             self.scheduler.add_job(
                 func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True
             )
@@ -95,7 +96,7 @@ class Daemon:
             max_instances=1,
             coalesce=True,
         )
-        self.server = ApiServer(self.settings.socket, make_handlers(self.services), self.settings.admin_group)
+        self.server = ApiServer(self.settings.socket, handlers(self.services, self.nodes), self.settings.admin_group)
         self.server.serve_in_thread()
         self.scheduler.start()
         # First tick at once, so a restarted daemon adopts what it finds without delay.

@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from sqlalchemy.orm import Session
+
+from broker.config import Settings
 from broker.slurm.backend import NodeInfo
 from broker.states import NodeState
 from policies import MarketView
@@ -91,54 +94,100 @@ class SpotObserver:
         }
 
 
-def observer(svc: object) -> SpotObserver:
-    obs = getattr(svc, "spot_observer", None)
-    if obs is None:
-        obs = SpotObserver()
-        svc.spot_observer = obs  # type: ignore[attr-defined]
-    return obs
+OWN_SIZE_HOURS = 6.0
+"""Spot hours a gang size needs in the window before its own reclaim rate is used."""
 
 
-def for_gang(svc: object, market: MarketView, nodes: int) -> MarketView:
-    """``market`` as a gang of ``nodes`` nodes sees it: its own reclaim rate,
-    availability streaks and runs."""
-    if nodes <= 1:
-        return market
-    history = getattr(svc, "reclaim_history", None)
-    rate = market.spot_reclaim_rate_per_hour if history is None else history.rate(nodes)
-    obs = getattr(svc, "spot_observer", None)
-    at = getattr(svc, "market_at", None)
-    if obs is None or at is None:
-        return replace(market, spot_reclaim_rate_per_hour=rate)
-    # Every job of a tick asks as of the same moment: one view per gang size
-    # (and rate: a submit thread may read this tick's time with the last one's rate).
-    cache: dict[tuple[datetime, int, float], MarketView] = svc.__dict__.setdefault("gang_markets", {})
-    key = (at, nodes, rate)
-    view = cache.get(key)
-    if view is None:
-        if cache and next(iter(cache))[0] != at:
-            cache.clear()
-        view = cache[key] = replace(market, spot_reclaim_rate_per_hour=rate, **obs.summary(at, nodes))
-    return view
+@dataclass(frozen=True)
+class ReclaimHistory:
+    """Spot attempts of the recent window by gang size: nodes -> (reclaims, attempt-hours)."""
+
+    by_nodes: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def rate(self, nodes: int = 1) -> float:
+        """Reclaims per hour on spot for a gang of ``nodes`` (reclaimed when any of its nodes is).
+
+        A gang size with ``OWN_SIZE_HOURS`` of spot time in the window gets its
+        own observed rate. Before that, the larger of two bounds over every
+        attempt: the rate per node-hour times ``nodes`` (right when nodes are
+        reclaimed one by one) and the rate per attempt-hour (right when a
+        gang's nodes go together). So a gang size without history errs
+        towards on-demand, never towards a missed deadline.
+        """
+        reclaims, hours = self.by_nodes.get(nodes, (0, 0.0))
+        if hours >= OWN_SIZE_HOURS:
+            return reclaims / hours
+        all_reclaims = sum(r for r, _ in self.by_nodes.values())
+        node_hours = sum(n * h for n, (_, h) in self.by_nodes.items())
+        attempt_hours = sum(h for _, h in self.by_nodes.values())
+        if attempt_hours <= 0:
+            return 0.0
+        return max(nodes * all_reclaims / node_hours, all_reclaims / attempt_hours)
 
 
-def build_market(svc: object, session: object, now: datetime, reclaim_rate: float, need: int = 1) -> MarketView:
-    settings = svc.settings  # type: ignore[attr-defined]
+@dataclass
+class MarketWatch:
+    """The daemon's picture of the spot market, kept across ticks.
+
+    The node tick feeds ``observer``; the reconcile tick rebuilds ``view``
+    (with the reclaim ``history`` and prices) once per tick; placement asks
+    :meth:`for_gang` for the view a job of some size sees.
+    """
+
+    observer: SpotObserver = field(default_factory=SpotObserver)
+    view: MarketView | None = None
+    """The last view built by the reconcile tick; None before the first tick."""
+    at: datetime | None = None
+    """When ``view`` was built; a gang's own view is derived as of that moment."""
+    history: ReclaimHistory | None = None
+    """The spot reclaims behind ``view``, by gang size."""
+    _gangs: dict[tuple[datetime, int, float], MarketView] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def refresh(self, view: MarketView, history: ReclaimHistory | None, now: datetime | None) -> None:
+        with self._lock:
+            self.view, self.history, self.at = view, history, now
+
+    def for_gang(self, nodes: int = 1) -> MarketView:
+        """The market as of the last tick, as a gang of ``nodes`` nodes sees it: its own
+        reclaim rate, availability streaks and runs."""
+        with self._lock:
+            market, history, at = self.view or MarketView(), self.history, self.at
+            if nodes <= 1:
+                return market
+            rate = market.spot_reclaim_rate_per_hour if history is None else history.rate(nodes)
+            if at is None:
+                return replace(market, spot_reclaim_rate_per_hour=rate)
+            # Every job of a tick asks as of the same moment: one view per gang size
+            # (and rate: a submit thread may read this tick's time with the last one's rate).
+            key = (at, nodes, rate)
+            view = self._gangs.get(key)
+            if view is None:
+                if self._gangs and next(iter(self._gangs))[0] != at:
+                    self._gangs.clear()
+                view = self._gangs[key] = replace(
+                    market, spot_reclaim_rate_per_hour=rate, **self.observer.summary(at, nodes)  # type: ignore[arg-type]
+                )
+            return view
+
+
+def build_market(
+    settings: Settings, observer: SpotObserver, session: Session, now: datetime, reclaim_rate: float, need: int = 1
+) -> MarketView:
     fields: dict[str, object] = {
         "spot_reclaim_rate_per_hour": reclaim_rate,
         "step_s": max(1, int(settings.tick_seconds)),
     }
-    fields.update(observer(svc).summary(now, need))
-    fields.update(_prices(svc, session, now))
+    fields.update(observer.summary(now, need))
+    fields.update(_prices(settings, session, now))
     return MarketView(**fields)  # type: ignore[arg-type]
 
 
-def _prices(svc: object, session: object, now: datetime) -> dict[str, int]:
+def _prices(settings: Settings, session: Session, now: datetime) -> dict[str, int]:
     """Per GPU-hour prices in force now, from the price book when it has them."""
     from broker.money.budgets import price_book
 
-    book = price_book(session)  # type: ignore[arg-type]
-    settings = svc.settings  # type: ignore[attr-defined]
+    book = price_book(session)
     out: dict[str, int] = {}
     spot = book.price_at(settings.spot_partition, "spot", now)
     ondemand = book.price_at(settings.ondemand_partition, "ondemand", now)

@@ -1,7 +1,11 @@
-"""What every use case needs, built once: settings, database, Slurm backend, policy, clock.
+"""The daemon's state: what every use case needs, and everything kept across ticks.
 
-There are no global singletons: tests build a ``Services`` with a fake clock
-or a recorded backend and throw it away.
+``Services`` is built once by ``broker.wiring`` (settings, database, Slurm
+backend, policy, clock) and holds every piece of cross-tick state as a
+declared field or an owning object: the market watch, the sbatch claims, the
+Slurm-down backoff, the preflight cache, users' files and saves, and the
+warnings already given. There are no global singletons: tests build a
+``Services`` with a fake clock or a recorded backend and throw it away.
 """
 
 from __future__ import annotations
@@ -14,18 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
 import policies
 from broker.clock import Clock, SystemClock
 from broker.config import Settings
+from broker.market import MarketWatch
 from broker.db import store
-from broker.db.engine import make_engine, session_factory
 from broker.db.migrate import upgrade_to_head
-from broker.slurm import make_backend
-from broker.slurm.runner import Runner
 from broker.slurm.backend import Backend
 from broker.userfiles import SaveWatcher, UserFiles
 
@@ -63,12 +65,8 @@ class Services:
     crash: CrashPoints = field(default_factory=CrashPoints)
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Serialises writers inside the daemon (API threads and the reconcile tick)."""
-    market: Any = None
-    """The last MarketView built by the reconcile tick (observed reclaim rate...)."""
-    market_at: datetime | None = None
-    """When ``market`` was built; a gang's own view is derived as of that moment."""
-    reclaim_history: Any = None
-    """The spot reclaims behind ``market``, by gang size (``placement.ReclaimHistory``)."""
+    market: MarketWatch = field(default_factory=MarketWatch)
+    """The spot market as the ticks saw it: availability samples, the last view, reclaims by gang size."""
     inflight: set[int] = field(default_factory=set)
     """Attempt ids claimed for an sbatch in this process (from the moment the
     attempt is stored until its Slurm id is committed): the tick leaves them alone."""
@@ -85,6 +83,10 @@ class Services:
     """Attempt id -> when the tick first saw its run end without a clear cause (see reconcile)."""
     tick_errors: dict[int, str] = field(default_factory=dict)
     """Job id -> the error that stopped its share of the last tick (logged once, not every tick)."""
+    preflight_passed: dict[tuple[object, ...], datetime] = field(default_factory=dict)
+    """(user, group, partition, nodes, gpus) -> until when Slurm's ``sbatch --test-only`` pass holds."""
+    warned: set[tuple[object, ...]] = field(default_factory=set)
+    """Warnings already logged once (a missing price is retried every tick, said once)."""
 
     def __post_init__(self) -> None:
         self.saves = SaveWatcher(self.files)
@@ -143,14 +145,6 @@ class Services:
         with self.tx() as s:
             store.release_lease(s, name, holder)
 
-    def adopt_on_start(self) -> None:
-        """Nothing special: the first reconcile tick adopts by key (principle 4)."""
-
-    def reconcile_tick(self) -> None:
-        from broker.jobs.reconcile import reconcile
-
-        reconcile(self)
-
     # -- backoff while Slurm is down -----------------------------------------
     def slurm_down(self, now: datetime, why: str) -> None:
         if self.slurm_down_since is None:
@@ -168,28 +162,6 @@ class Services:
         self.next_try_at = None
         self.backoff_s = 0.0
 
-    def periodic_jobs(self) -> list[tuple[str, Any, float]]:
-        """(id, function, interval seconds) of the ticks beside reconcile (ledger, nodes).
-
-        Each module listed in PERIODIC contributes ``ticks(svc)``; a module that
-        is not installed contributes nothing.
-        """
-        import importlib
-
-        out: list[tuple[str, Any, float]] = []
-        for name in PERIODIC:
-            try:
-                module = importlib.import_module(name)
-            except ModuleNotFoundError as exc:
-                if exc.name != name:
-                    raise
-                continue
-            out.extend(module.ticks(self))
-        return out
-
-
-PERIODIC = ("broker.money.ledger", "broker.nodes.manager")
-
 
 M = TypeVar("M")
 
@@ -200,20 +172,3 @@ def must_get(session: Session, model: type[M], ident: int) -> M:
     if row is None:
         raise LookupError(f"{model.__name__} {ident} vanished from the database")
     return row
-
-
-def build_services(settings: Settings, **kwargs: Any) -> Services:
-    engine = make_engine(settings.db_url)
-    sessions = session_factory(engine)
-    backend = kwargs.pop("backend", None) or make_backend(
-        settings.slurm_backend,
-        runner=Runner(default_timeout_s=settings.slurm_timeout_seconds, bin_dir=settings.slurm_bin_dir),
-    )
-    policy = kwargs.pop("policy", None) or make_policy(settings)
-    return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)
-
-
-def make_policy(settings: Settings) -> policies.Policy:
-    if settings.policy == "simple":
-        return policies.from_name("simple", max_spot_reclaims=settings.max_spot_reclaims)
-    return policies.from_name(settings.policy)

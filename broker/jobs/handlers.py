@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
 
-from broker.api import Caller
+from broker.caller import Caller, Handler
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
@@ -16,28 +15,15 @@ from broker.jobs.submit import submit
 from broker.jobs.views import job_detail, job_summary
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 
-Handler = Callable[[Caller, dict[str, Any]], Any]
 
 MAX_IDS_PER_REQUEST = 1000
 """Jobs one request may name (cancel); more is refused at once, not worked through."""
 MAX_LIST = 10_000
 MAX_JOB_ID = 2**63 - 1
 
-EXTENSIONS = ("broker.money.handlers", "broker.nodes.handlers")
-"""Modules that add operations: each has ``handlers(svc) -> dict[str, Handler]``."""
+def handlers(svc: Services) -> dict[str, Handler]:
+    """The job operations: ping, submit, list, show, cancel, log..."""
 
-
-def make_handlers(svc: Services) -> dict[str, Handler]:
-    import importlib
-
-    ops = _job_handlers(svc)
-    for name in EXTENSIONS:
-        module = importlib.import_module(name)
-        ops.update(module.handlers(svc))
-    return ops
-
-
-def _job_handlers(svc: Services) -> dict[str, Handler]:
     def ping(caller: Caller, args: dict[str, Any]) -> Any:
         _only(args, "ping")
         return {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin}
@@ -151,7 +137,7 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
             ).all()
         ]
     if bound:
-        from broker.jobs.ownership import verified
+        from broker.ownership import verified
 
         # Slurm first: if it is unreachable the error says so and nothing changes here.
         # Only ids Slurm itself shows as these jobs' (key and owner) are touched.

@@ -8,7 +8,6 @@ the real cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -16,9 +15,10 @@ from sqlalchemy import select
 from broker.config import Settings
 from broker.db.models import Attempt
 from broker.errors import SpecError
-from broker.market import for_gang
+from broker.market import ReclaimHistory
 from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
+from broker.state import Services
 from policies import AttemptView, Capacity, JobView, MarketView
 
 RECLAIM_WINDOW = timedelta(days=7)
@@ -97,37 +97,6 @@ def progress_s(
     return min(spec.time_limit_s, kept + current_run), min(spec.time_limit_s, kept + current_safe)
 
 
-OWN_SIZE_HOURS = 6.0
-"""Spot hours a gang size needs in the window before its own reclaim rate is used."""
-
-
-@dataclass(frozen=True)
-class ReclaimHistory:
-    """Spot attempts of the recent window by gang size: nodes -> (reclaims, attempt-hours)."""
-
-    by_nodes: dict[int, tuple[int, float]] = field(default_factory=dict)
-
-    def rate(self, nodes: int = 1) -> float:
-        """Reclaims per hour on spot for a gang of ``nodes`` (reclaimed when any of its nodes is).
-
-        A gang size with ``OWN_SIZE_HOURS`` of spot time in the window gets its
-        own observed rate. Before that, the larger of two bounds over every
-        attempt: the rate per node-hour times ``nodes`` (right when nodes are
-        reclaimed one by one) and the rate per attempt-hour (right when a
-        gang's nodes go together). So a gang size without history errs
-        towards on-demand, never towards a missed deadline.
-        """
-        reclaims, hours = self.by_nodes.get(nodes, (0, 0.0))
-        if hours >= OWN_SIZE_HOURS:
-            return reclaims / hours
-        all_reclaims = sum(r for r, _ in self.by_nodes.values())
-        node_hours = sum(n * h for n, (_, h) in self.by_nodes.items())
-        attempt_hours = sum(h for _, h in self.by_nodes.values())
-        if attempt_hours <= 0:
-            return 0.0
-        return max(nodes * all_reclaims / node_hours, all_reclaims / attempt_hours)
-
-
 def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[no-untyped-def]
     """Spot attempts started in the recent window: reclaims and hours, by gang size."""
     since = now - RECLAIM_WINDOW
@@ -146,9 +115,9 @@ def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[n
     return ReclaimHistory(by_nodes)
 
 
-def market_view(svc, nodes: int = 1) -> MarketView:  # type: ignore[no-untyped-def]
+def market_view(svc: Services, nodes: int = 1) -> MarketView:
     """The market as of the last tick, as a gang of ``nodes`` nodes sees it."""
-    return for_gang(svc, getattr(svc, "market", None) or MarketView(), nodes)
+    return svc.market.for_gang(nodes)
 
 
 def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:

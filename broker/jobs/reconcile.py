@@ -28,7 +28,7 @@ from broker.errors import BrokerError, SlurmError, SlurmUnavailable
 from broker.money import budgets
 from broker.state import Services, must_get
 from broker.jobs.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
-from broker.jobs.ownership import is_ours
+from broker.ownership import is_ours
 from broker.jobs.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
 from broker.userfiles import SaveFacts
 from broker.checkpoint.manifest import RESUME_EXIT
@@ -106,9 +106,8 @@ def reconcile(svc: Services) -> None:
     need_history: dict[int, tuple[Job, Attempt]] = {}
     unconfirmed: list[tuple[Job, Attempt]] = []
     with svc.tx() as s:
-        svc.reclaim_history = reclaim_history(s, now)
-        svc.market = build_market(svc, s, now, svc.reclaim_history.rate(1))
-        svc.market_at = now
+        history = reclaim_history(s, now)
+        svc.market.refresh(build_market(svc.settings, svc.market.observer, s, now, history.rate(1)), history, now)
         active = active_with_latest(s)
         live = {job.id for job, _ in active}
         for job_id in [j for j in svc.tick_errors if j not in live]:

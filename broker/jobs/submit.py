@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker import proc
-from broker.api import Caller
+from broker.caller import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
@@ -352,7 +352,7 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
     """
     now = svc.clock.now()
     cache_key = (caller.name, spec.group, partition, spec.nodes, spec.gpus_per_node)
-    cache: dict[tuple[object, ...], datetime] = svc.__dict__.setdefault("preflight_passed", {})
+    cache = svc.preflight_passed
     if cache.get(cache_key, now) > now:
         return
     req = request_for(

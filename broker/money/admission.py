@@ -17,11 +17,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from broker.api import Caller
+from broker.caller import Caller
 from broker.errors import AdmissionRefused, PermissionDenied
 from broker.money.amount import format_money
 from broker.money import budgets as B
 from broker.spec import JobSpec
+from broker.state import Services
 
 CAPACITY_WORDS = {"spot": "spot", "ondemand": "on-demand"}
 
@@ -37,7 +38,7 @@ class Admission:
 
 def admit(
     session: Session,
-    svc: Any,
+    svc: Services,
     caller: Caller,
     spec: JobSpec,
     capacity: str,

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
-from broker.api import Caller
+from broker.caller import Caller
 from broker.spec import account_name
 from broker.config import Settings
 from broker.db.ledger_models import (

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from broker.api import Caller
+from broker.caller import Caller, Handler
 from broker.spec import account_name
 from broker.db import store
 from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price, Quota, Semester
@@ -28,8 +28,8 @@ from broker.money.amount import format_money, parse_money
 from broker.money import budgets as B
 from broker.money import reporting
 from broker.money.pricing import ANY_PARTITION, CAPACITIES
+from broker.state import Services
 
-Handler = Callable[[Caller, dict[str, Any]], Any]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 RELATIVE_RE = re.compile(r"^\+(\d+)([smhd])$")
@@ -38,7 +38,7 @@ MAX_THRESHOLD_PCT = 1000
 PRICE_CSV_COLUMNS = ("partition", "capacity", "price_per_gpu_hour", "effective_from")
 
 
-def handlers(svc: Any) -> dict[str, Handler]:
+def handlers(svc: Services) -> dict[str, Handler]:
     def read(fn: Callable[..., Any]) -> Handler:
         def run(caller: Caller, args: dict[str, Any]) -> Any:
             _check_args(fn, args)
@@ -141,7 +141,7 @@ def _iso(dt: datetime | None) -> str | None:
 
 
 # -- semesters --------------------------------------------------------------------
-def semester_add(s: Session, svc: Any, caller: Caller, now: datetime, *, name: str, start: str, end: str) -> dict[str, Any]:
+def semester_add(s: Session, svc: Services, caller: Caller, now: datetime, *, name: str, start: str, end: str) -> dict[str, Any]:
     name = _name(name, "semester name")
     starts = parse_when(start, now, field="start")
     ends = parse_when(end, now, field="end", end_of_day=True)
@@ -170,13 +170,13 @@ def _semester_dict(sem: Semester, now: datetime) -> dict[str, Any]:
             "current": sem.starts_at <= now < sem.ends_at}
 
 
-def semester_list(s: Session, svc: Any, caller: Caller, now: datetime) -> list[dict[str, Any]]:
+def semester_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list[dict[str, Any]]:
     return [_semester_dict(x, now) for x in s.execute(select(Semester).order_by(Semester.starts_at)).scalars()]
 
 
 # -- groups -------------------------------------------------------------------------
 def group_add(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, name: str, account: str | None = None,
+    s: Session, svc: Services, caller: Caller, now: datetime, *, name: str, account: str | None = None,
     members: list[str] | None = None,
 ) -> dict[str, Any]:
     # Group and account names ignore letter case, as Slurm's account names do: stored lower-case.
@@ -196,7 +196,7 @@ def group_add(
 
 
 def group_members(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, name: str, add: list[str] | None = None,
+    s: Session, svc: Services, caller: Caller, now: datetime, *, name: str, add: list[str] | None = None,
     remove: list[str] | None = None,
 ) -> dict[str, Any]:
     group = B.group_named(s, name)
@@ -220,7 +220,7 @@ def _group_dict(s: Session, group: LabGroup) -> dict[str, Any]:
     }
 
 
-def group_list(s: Session, svc: Any, caller: Caller, now: datetime) -> list[dict[str, Any]]:
+def group_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list[dict[str, Any]]:
     return [_group_dict(s, g) for g in B.visible_groups(s, caller)]
 
 
@@ -229,7 +229,7 @@ _KEEP: Any = object()
 
 
 def quota_set(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, group: str, max_gpus: Any = _KEEP,
+    s: Session, svc: Services, caller: Caller, now: datetime, *, group: str, max_gpus: Any = _KEEP,
     max_ondemand_gpus: Any = _KEEP,
 ) -> dict[str, Any]:
     """Set the limits given; a limit not given stays as it was; None removes it."""
@@ -249,7 +249,7 @@ def quota_set(
     return _group_dict(s, g)
 
 
-def quota_list(s: Session, svc: Any, caller: Caller, now: datetime) -> list[dict[str, Any]]:
+def quota_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list[dict[str, Any]]:
     out = []
     for g in B.visible_groups(s, caller):
         item = _group_dict(s, g)
@@ -306,7 +306,7 @@ def _store_prices(s: Session, rows: list[Price], caller: Caller, now: datetime) 
 
 
 def price_set(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, partition: str, capacity: str, price: str,
+    s: Session, svc: Services, caller: Caller, now: datetime, *, partition: str, capacity: str, price: str,
     effective: str = "now",
 ) -> dict[str, Any]:
     return _store_prices(s, [_price_row(partition, capacity, price, effective, now, "")], caller, now)
@@ -338,7 +338,7 @@ def parse_price_csv(text: str, now: datetime) -> list[Price]:
     return rows
 
 
-def price_import(s: Session, svc: Any, caller: Caller, now: datetime, *, csv_text: str) -> dict[str, Any]:
+def price_import(s: Session, svc: Services, caller: Caller, now: datetime, *, csv_text: str) -> dict[str, Any]:
     if not isinstance(csv_text, str):
         raise SpecError("price import: expected the CSV text")
     return _store_prices(s, parse_price_csv(csv_text, now), caller, now)
@@ -349,7 +349,7 @@ def _price_dict(p: Price) -> dict[str, Any]:
             "price": format_money(p.price_micros), "effective_from": _iso(p.effective_at)}
 
 
-def price_list(s: Session, svc: Any, caller: Caller, now: datetime) -> list[dict[str, Any]]:
+def price_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list[dict[str, Any]]:
     rows = list(s.execute(select(Price).order_by(Price.partition, Price.capacity, Price.effective_at)).scalars())
     in_force: dict[tuple[str, str], int] = {}
     for p in rows:
@@ -371,7 +371,7 @@ def _thresholds(value: Any) -> str:
 
 
 def budget_set(
-    s: Session, svc: Any, caller: Caller, now: datetime, *, group: str, semester: str, amount: str | None = None,
+    s: Session, svc: Services, caller: Caller, now: datetime, *, group: str, semester: str, amount: str | None = None,
     thresholds: Any = None, hold_pending: bool | None = None, cancel_running: bool | None = None,
     alert_command: list[str] | None = None, alert_url: str | None = None,
 ) -> dict[str, Any]:
@@ -420,20 +420,20 @@ def budget_set(
     return out
 
 
-def budget_list(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None,
+def budget_list(s: Session, svc: Services, caller: Caller, now: datetime, *, semester: str | None = None,
                 window_days: float = 7.0) -> dict[str, Any]:
     return reporting.budget_rows(s, caller, svc.settings, semester, now, window_days)
 
 
-def report(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None,
+def report(s: Session, svc: Services, caller: Caller, now: datetime, *, semester: str | None = None,
            by: str = "group") -> dict[str, Any]:
     return reporting.report(s, caller, svc.settings, semester, by, now)
 
 
-def burndown(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None) -> dict[str, Any]:
+def burndown(s: Session, svc: Services, caller: Caller, now: datetime, *, semester: str | None = None) -> dict[str, Any]:
     return reporting.burndown(s, caller, svc.settings, semester, now)
 
 
-def ledger_lines(s: Session, svc: Any, caller: Caller, now: datetime, *, semester: str | None = None,
+def ledger_lines(s: Session, svc: Services, caller: Caller, now: datetime, *, semester: str | None = None,
                  job_id: int | None = None, group: str | None = None, limit: int = 10_000) -> list[dict[str, Any]]:
     return reporting.charge_lines(s, caller, semester_name=semester, job_id=job_id, group=group, limit=limit)

@@ -45,10 +45,11 @@ from broker.money.amount import format_money
 from broker.money import alerts
 from broker.money import budgets as B
 from broker.money.charging import MissingPrice, Run, split_run
-from broker.jobs.ownership import verified
+from broker.ownership import verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
 from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from broker.state import Services
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,12 @@ LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.MOVE
 HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
 
 
-def ticks(svc: Any) -> list[tuple[str, Callable[[], None], float]]:
+def ticks(svc: Services) -> list[tuple[str, Callable[[], None], float]]:
     interval = max(1.0, float(svc.settings.tick_seconds))
     return [("ledger", lambda: ledger_tick(svc), interval)]
 
 
-def ledger_tick(svc: Any) -> None:
+def ledger_tick(svc: Services) -> None:
     now = svc.clock.now()
     try:
         charge_ended_runs(svc, now)
@@ -99,7 +100,7 @@ def slurm_ids_to_charge(s: Session) -> list[int]:
     return ids[:MAX_SLURM_IDS_PER_TICK]
 
 
-def charge_ended_runs(svc: Any, now: datetime) -> int:
+def charge_ended_runs(svc: Services, now: datetime) -> int:
     """Charge every ended, uncharged run of the Slurm jobs that need it. Returns runs charged."""
     with svc.sessions() as s:
         ids = slurm_ids_to_charge(s)
@@ -137,7 +138,7 @@ def runs_of_job(rows: list[SacctRow], key: str) -> list[SacctRow]:
 
 
 def _charge_slurm_job(
-    s: Session, svc: Any, sid: int, attempts: list[Attempt], all_rows: list[SacctRow],
+    s: Session, svc: Services, sid: int, attempts: list[Attempt], all_rows: list[SacctRow],
     book: Any, cuts: list[datetime], now: datetime,
 ) -> int:
     job = s.get(Job, attempts[0].job_id)
@@ -174,7 +175,7 @@ def _charge_slurm_job(
     return done
 
 
-def _capacity_of(svc: Any, partition: str, att: Attempt | None) -> str:
+def _capacity_of(svc: Services, partition: str, att: Attempt | None) -> str:
     if partition == svc.settings.spot_partition:
         return "spot"
     if partition == svc.settings.ondemand_partition:
@@ -183,7 +184,7 @@ def _capacity_of(svc: Any, partition: str, att: Attempt | None) -> str:
 
 
 def _charge_run(
-    s: Session, svc: Any, job: Job, att: Attempt | None, row: SacctRow, book: Any,
+    s: Session, svc: Services, job: Job, att: Attempt | None, row: SacctRow, book: Any,
     cuts: list[datetime], now: datetime,
 ) -> None:
     partition = row.partition or (att.partition if att is not None else None) or job.partition or ""
@@ -280,7 +281,7 @@ def _close_missing(
 
 
 # -- 3: reservations ----------------------------------------------------------------
-def release_reservations(svc: Any, now: datetime) -> int:
+def release_reservations(svc: Services, now: datetime) -> int:
     """Finished jobs whose every run is charged stop holding money against the budget."""
     with svc.tx() as s:
         waiting = exists().where(
@@ -325,7 +326,7 @@ class BudgetPlan:
     statuses: list[B.BudgetStatus] = field(default_factory=list)
 
 
-def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
+def enforce_budgets(svc: Services, now: datetime, spawn: Any = None) -> BudgetPlan:
     plan = BudgetPlan()
     with svc.tx() as s:
         _plan_budgets(s, svc, now, plan)
@@ -351,7 +352,7 @@ def enforce_budgets(svc: Any, now: datetime, spawn: Any = None) -> BudgetPlan:
     return plan
 
 
-def _verified_ids(svc: Any, pairs: list[tuple[int, int]]) -> set[int]:
+def _verified_ids(svc: Services, pairs: list[tuple[int, int]]) -> set[int]:
     """The Slurm ids among (job id, Slurm id) that Slurm shows as those jobs' own (one squeue call)."""
     if not pairs:
         return set()
@@ -360,7 +361,7 @@ def _verified_ids(svc: Any, pairs: list[tuple[int, int]]) -> set[int]:
     return set(verified(svc, [(sid, jobs[j].key, jobs[j].owner_name) for j, sid in pairs if j in jobs]))
 
 
-def _act_on_slurm(svc: Any, plan: BudgetPlan, hold_ids: dict[int, int], now: datetime) -> None:
+def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now: datetime) -> None:
     # Root holds, releases and cancels only ids Slurm shows as the jobs' own.
     with svc.sessions() as s:
         release_jobs = {h: s.get(BudgetHold, h) for h, _ in plan.release}
@@ -432,7 +433,7 @@ def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int
     return failed
 
 
-def _plan_budgets(s: Session, svc: Any, now: datetime, plan: BudgetPlan) -> None:
+def _plan_budgets(s: Session, svc: Services, now: datetime, plan: BudgetPlan) -> None:
     semester = B.semester_at(s, now)
     book = B.price_book(s)
     open_holds = list(s.execute(select(BudgetHold).where(BudgetHold.released_at.is_(None))).scalars())
@@ -531,7 +532,7 @@ def _running_to_cancel(s: Session, account: str) -> list[tuple[int, int]]:
 
 # -- idle node time ---------------------------------------------------------------------
 def charge_idle_time(
-    s: Session, svc: Any, *, node: str, partition: str, capacity: str, start: datetime, end: datetime,
+    s: Session, svc: Services, *, node: str, partition: str, capacity: str, start: datetime, end: datetime,
     gpus: int, now: datetime, account: str = "",
 ) -> int:
     """Charge a node that was up with no job on it, as its own ``idle`` lines. Returns micro-units.
@@ -566,7 +567,7 @@ IDLE_LOOKBACK = timedelta(days=2)
 """Idle stretches that ended this recently are (re)offered to the ledger each tick; keys make it idempotent."""
 
 
-def charge_idle_stretches(svc: Any, now: datetime) -> int:
+def charge_idle_stretches(svc: Services, now: datetime) -> int:
     """Put every ended idle stretch of a node (from the node manager's sessions) in the ledger.
 
     Each stretch becomes ``idle`` lines at the price book's GPU-hour price times
@@ -596,9 +597,9 @@ def charge_idle_stretches(svc: Any, now: datetime) -> int:
     return total
 
 
-def _warn_once(svc: Any, key: tuple[object, ...], msg: str, *args: object) -> None:
+def _warn_once(svc: Services, key: tuple[object, ...], msg: str, *args: object) -> None:
     """A missing price is retried every tick; say so once per run, not once per tick."""
-    warned: set[tuple[object, ...]] = svc.__dict__.setdefault("ledger_warned", set())
+    warned = svc.warned
     if key not in warned:
         warned.add(key)
         log.warning(msg, *args)

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from broker.api import Caller
+from broker.caller import Caller
 from broker.config import Settings
 from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semester
 from broker.errors import SpecError

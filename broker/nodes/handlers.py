@@ -12,17 +12,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from broker.api import Caller
+from broker.caller import Caller, Handler
 from broker.errors import SpecError
 from broker.money.amount import format_money
 from broker.nodes.providers.hooks import expand_hostlists, new_key
 from broker.nodes import sessions as ns
-from broker.nodes.manager import manager
+from broker.nodes.manager import NodeManager
+from broker.state import Services
 
-Handler = Callable[[Caller, dict[str, Any]], Any]
 
 
-def handlers(svc: Any) -> dict[str, Handler]:
+def handlers(svc: Services, nodes: NodeManager) -> dict[str, Handler]:
     def admin(what: str, fn: Callable[[dict[str, Any]], Any]) -> Handler:
         def run(caller: Caller, args: dict[str, Any]) -> Any:
             caller.require_admin(what)
@@ -30,11 +30,11 @@ def handlers(svc: Any) -> dict[str, Handler]:
         return run
 
     return {
-        "node_resume": admin("resuming nodes", lambda a: manager(svc).resume(_names(a), _key(a))),
-        "node_suspend": admin("suspending nodes", lambda a: manager(svc).suspend(_names(a), _key(a))),
-        "node_resume_fail": admin("failing node resumes", lambda a: manager(svc).resume_failed(_names(a), _key(a))),
-        "node_tick": admin("running the node manager", lambda a: manager(svc).tick().as_dict()),
-        "node_list": lambda caller, args: manager(svc).status(),
+        "node_resume": admin("resuming nodes", lambda a: nodes.resume(_names(a), _key(a))),
+        "node_suspend": admin("suspending nodes", lambda a: nodes.suspend(_names(a), _key(a))),
+        "node_resume_fail": admin("failing node resumes", lambda a: nodes.resume_failed(_names(a), _key(a))),
+        "node_tick": admin("running the node manager", lambda a: nodes.tick().as_dict()),
+        "node_list": lambda caller, args: nodes.status(),
         "node_report": lambda caller, args: report(svc, args.get("since"), args.get("until")),
     }
 
@@ -70,7 +70,7 @@ def parse_when(text: str | None, now: datetime) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def report(svc: Any, since: str | None, until: str | None) -> dict[str, Any]:
+def report(svc: Services, since: str | None, until: str | None) -> dict[str, Any]:
     now = svc.clock.now()
     start = parse_when(since, now)
     end = parse_when(until, now) or now

@@ -34,7 +34,6 @@ from broker.nodes.providers import hooks
 from broker.nodes.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
 from broker.nodes import sessions as ns
 from broker.nodes.policy import NodeView, PartitionRule, PendingJob, Power, plan_release
-from broker.market import observer
 from broker.nodes.slurm import NodeSlurm
 from broker.slurm.backend import NodeInfo, SlurmJob
 from broker.slurm.statemap import (
@@ -47,6 +46,7 @@ from broker.slurm.statemap import (
     parse_node_state,
 )
 from broker.states import NodeState
+from broker.state import Services
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +60,10 @@ JOB_ON_NODE_STATES = frozenset(
 """squeue states of a job that occupies its nodes (finished jobs linger in squeue with a NodeList)."""
 
 
-def ticks(svc: Any) -> list[tuple[str, Callable[[], None], float]]:
-    interval = max(1.0, float(svc.settings.node_tick_seconds))
-
-    def run() -> None:
-        manager(svc).tick()
-
-    return [(TICK_ID, run, interval)]
-
-
-def manager(svc: Any) -> NodeManager:
-    """The one NodeManager of this Services (ticks and socket handlers share it)."""
-    m = getattr(svc, "_node_manager", None)
-    if m is None:
-        with svc.lock:
-            m = getattr(svc, "_node_manager", None)
-            if m is None:
-                m = NodeManager(svc)
-                svc._node_manager = m
-    return m
+def ticks(nodes: NodeManager) -> list[tuple[str, Callable[[], object], float]]:
+    """The node tick, every ``node_tick_seconds``."""
+    interval = max(1.0, float(nodes.svc.settings.node_tick_seconds))
+    return [(TICK_ID, nodes.tick, interval)]
 
 
 # --------------------------------------------------------------------------- reading Slurm
@@ -140,7 +125,7 @@ class TickReport:
 
 
 class NodeManager:
-    def __init__(self, svc: Any) -> None:
+    def __init__(self, svc: Services) -> None:
         self.svc = svc
         self.settings = svc.settings
         self.ops = threading.RLock()
@@ -207,7 +192,7 @@ class NodeManager:
     def read_slurm(self) -> Snapshot:
         now = self.svc.clock.now()
         nodes = {n.name: n for n in self.svc.backend.nodes()}
-        observer(self.svc).observe(nodes.values(), self.svc.settings.spot_partition, now)
+        self.svc.market.observer.observe(nodes.values(), self.svc.settings.spot_partition, now)
         jobs = self.svc.backend.jobs()
         pending = self.slurm.pending_jobs(jobs)
         return Snapshot(at=now, nodes=nodes, on_node=jobs_on_nodes(jobs), pending=pending)

@@ -89,7 +89,7 @@ def seed(url: str, n: int, now: datetime) -> None:
 
 
 def bench_ticks(n: int) -> dict[str, float]:
-    from broker.state import build_services
+    from broker.wiring import build_services
     from broker.jobs.reconcile import reconcile
     from broker.slurm.cli_backend import CliBackend
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.api import Caller
+from broker.caller import Caller
 from broker.userfiles import SaveFacts, UserFiles
 from broker.clock import FakeClock
 from broker.config import Settings
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.state import Services, build_services
+from broker.state import Services
+from broker.wiring import build_services
 from broker.slurm.backend import Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
 from broker.slurm.cli_backend import time_limit_minutes
 from broker.slurm.statemap import job_state

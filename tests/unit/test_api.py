@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from broker.api import ApiServer, Caller
+from broker.api import ApiServer
+from broker.caller import Caller
 from broker.client import RemoteError, call
 from broker.errors import DaemonUnavailable, NotFound
 

@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta, UTC
 
-from broker.market import SpotObserver
+from broker.market import MarketWatch, SpotObserver
 from broker.slurm.backend import NodeInfo
 from broker.states import NodeState
 
@@ -67,19 +67,21 @@ def test_the_daemon_gives_each_gang_its_own_market() -> None:
     for t, k in [(0, 4), (100, 2), (400, 2)]:
         obs.observe([node(f"spot{i}", NodeState.IDLE, "idle") for i in range(k)], "spot", T + timedelta(seconds=t))
     at = T + timedelta(seconds=450)
-    svc = SimpleNamespace(spot_observer=obs, market_at=at,
-                          market=MarketView(spot_reclaim_rate_per_hour=0.5, **obs.summary(at, 1)))  # type: ignore[arg-type]
+    watch = MarketWatch(observer=obs)
+    watch.refresh(MarketView(spot_reclaim_rate_per_hour=0.5, **obs.summary(at, 1)), None, at)
+    svc = SimpleNamespace(market=watch)
     single, gang = market_view(svc, 1), market_view(svc, 3)
     assert single.spot_up_s == 450 and single.spot_down_s == 0
     assert gang.spot_up_s == 0 and gang.spot_down_s == 350
     assert gang.spot_reclaim_rate_per_hour == 0.5 and gang.spot_available == 2
-    assert market_view(SimpleNamespace(), 3) == MarketView()  # no tick yet: the defaults
+    assert market_view(SimpleNamespace(market=MarketWatch()), 3) == MarketView()  # no tick yet: the defaults
 
 
 def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
     from types import SimpleNamespace
 
-    from broker.jobs.placement import OWN_SIZE_HOURS, ReclaimHistory, market_view
+    from broker.jobs.placement import market_view
+    from broker.market import OWN_SIZE_HOURS, ReclaimHistory
     from policies import MarketView
 
     # 10 single-node reclaims in 40 spot hours, 1 four-node reclaim in 2 hours.
@@ -98,7 +100,9 @@ def test_each_gang_size_gets_its_own_reclaim_rate() -> None:
     together = ReclaimHistory({4: (10, 100.0)})
     assert together.rate(1) == 10 / 100
     assert together.rate(4) == 10 / 100
-    svc = SimpleNamespace(reclaim_history=history, market=MarketView(spot_reclaim_rate_per_hour=history.rate(1)))
+    watch = MarketWatch()
+    watch.refresh(MarketView(spot_reclaim_rate_per_hour=history.rate(1)), history, None)
+    svc = SimpleNamespace(market=watch)
     assert market_view(svc, 1).spot_reclaim_rate_per_hour == 0.25
     assert abs(market_view(svc, 4).spot_reclaim_rate_per_hour - 44 / 48) < 1e-12
 
@@ -132,4 +136,5 @@ def test_the_reclaim_history_counts_the_nodes_of_each_attempt(tmp_path) -> None:
     # 1 node: reclaimed after 1 h, then 2 h to completion; 4 nodes: reclaimed after 30 min
     # (its next run has not started, so it adds no hours).
     assert h.by_nodes == {1: (1, 3.0), 4: (1, 0.5)}, h.by_nodes
-    assert w.svc.reclaim_history.by_nodes == h.by_nodes  # what the tick handed the policy
+    assert w.svc.market.history is not None
+    assert w.svc.market.history.by_nodes == h.by_nodes  # what the tick handed the policy

@@ -33,9 +33,9 @@ from broker.nodes.providers.base import (
     ResumeIncomplete,
 )
 from broker.nodes import sessions as ns
-from broker.state import build_services
+from broker.wiring import build_services
 from broker.nodes.slurm import gpus_per_node, parse_pending
-from broker.nodes.manager import NodeManager, manager
+from broker.nodes.manager import NodeManager
 from broker.slurm.backend import Backend, NodeInfo, SlurmJob
 from broker.slurm.runner import CallCounter, CompletedRun
 from broker.slurm.statemap import job_state, parse_node_state
@@ -183,7 +183,7 @@ def env(tmp_path: Path) -> Any:
     svc = build_services(settings, backend=slurm, clock=clock, policy=object())
     svc.migrate()
     cloud = FakeCloud(clock)
-    m = manager(svc)
+    m = NodeManager(svc)
     m._provider = cloud
 
     class Env:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from broker.api import Caller
+from broker.caller import Caller
 from broker.db.store import IdempotencyConflict
 from broker.errors import AdmissionRefused, SpecError
 from broker.jobs.handlers import cancel_jobs, list_jobs, show_job

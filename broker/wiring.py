@@ -1,0 +1,63 @@
+"""Building the daemon's state and naming its ticks: the one place that knows every domain.
+
+``build_services`` turns settings into a ``Services`` (database, Slurm
+backend, policy); ``ticks`` lists the periodic work the daemon schedules:
+the reconcile tick (jobs), the ledger tick (money) and the node tick
+(nodes). It sits above the domains, so the domains never import each other
+to find their ticks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import policies
+from broker.config import Settings
+from broker.db.engine import make_engine, session_factory
+from broker.caller import Handler
+from broker.jobs.handlers import handlers as job_handlers
+from broker.jobs.reconcile import reconcile
+from broker.money.handlers import handlers as money_handlers
+from broker.money import ledger
+from broker.nodes import manager
+from broker.nodes.handlers import handlers as node_handlers
+from broker.nodes.manager import NodeManager
+from broker.slurm import make_backend
+from broker.slurm.runner import Runner
+from broker.state import Services
+
+Tick = tuple[str, Callable[[], object], float]
+"""(scheduler id, function, interval seconds)."""
+
+
+def build_services(settings: Settings, **kwargs: Any) -> Services:
+    engine = make_engine(settings.db_url)
+    sessions = session_factory(engine)
+    backend = kwargs.pop("backend", None) or make_backend(
+        settings.slurm_backend,
+        runner=Runner(default_timeout_s=settings.slurm_timeout_seconds, bin_dir=settings.slurm_bin_dir),
+    )
+    policy = kwargs.pop("policy", None) or make_policy(settings)
+    return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)
+
+
+def make_policy(settings: Settings) -> policies.Policy:
+    if settings.policy == "simple":
+        return policies.from_name("simple", max_spot_reclaims=settings.max_spot_reclaims)
+    return policies.from_name(settings.policy)
+
+
+def reconcile_tick(svc: Services) -> Callable[[], None]:
+    """The reconcile tick, as the scheduler calls it."""
+    return lambda: reconcile(svc)
+
+
+def periodic_ticks(svc: Services, nodes: NodeManager) -> list[Tick]:
+    """The ticks beside reconcile: the ledger's and the nodes'."""
+    return [*ledger.ticks(svc), *manager.ticks(nodes)]
+
+
+def handlers(svc: Services, nodes: NodeManager) -> dict[str, Handler]:
+    """Every socket operation: jobs', money's and nodes'."""
+    return {**job_handlers(svc), **money_handlers(svc), **node_handlers(svc, nodes)}
