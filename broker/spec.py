@@ -267,7 +267,7 @@ def parse_duration(text: str) -> int:
         return int(s) * 60
     m = _UNIT_RE.fullmatch(s)
     if m and any(m.groups()):
-        return sum(int(v) * _UNIT_SECONDS[u] for v, u in zip(m.groups(), "dhms") if v)
+        return sum(int(v) * _UNIT_SECONDS[u] for v, u in zip(m.groups(), "dhms", strict=False) if v)
     m = _CLOCK_RE.fullmatch(s)
     if m:
         days, a, b, c = m.groups()

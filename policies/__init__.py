@@ -24,3 +24,8 @@ from policies import greedy  # noqa: F401,E402
 from policies import uniform_progress  # noqa: F401,E402
 from policies import omniscient  # noqa: F401,E402
 from policies import gbroker  # noqa: F401,E402
+
+__all__ = [
+    "Action", "AttemptView", "Capacity", "Decision", "JobView", "MarketView", "Placement", "Policy",
+    "from_name", "names", "register",
+]

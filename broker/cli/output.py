@@ -19,9 +19,9 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
     for row in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     return "\n".join(lines)
 
 

@@ -165,5 +165,5 @@ def _events_are_append_only(_mapper: Any, _conn: Any, target: Event) -> None:
     # The database refuses too (triggers in the first migration); this catches it before the round trip.
     raise AppendOnlyError(f"events are append-only; refusing to change event {target.id}")
 
-from broker.db import ledger_models as _ledger_models  # noqa: F401  (money tables on the same metadata)
+from broker.db import ledger_models as _ledger_models  # noqa: F401,E402  (money tables on the same metadata)
 from broker.db import node_models as _node_models  # noqa: F401,E402  (node billing tables on the same metadata)

@@ -586,6 +586,7 @@ def charge_idle_stretches(svc: Services, now: datetime) -> int:
                    NodeUsage.ended_at >= now - IDLE_LOOKBACK)
         ).all()
         for usage, sess in rows:
+            assert usage.ended_at is not None  # selected for it
             try:
                 total += charge_idle_time(
                     s, svc, node=sess.node, partition=sess.partition, capacity=sess.capacity,

@@ -159,7 +159,7 @@ class Backend(abc.ABC):
     def submit(self, req: SubmitRequest) -> int:
         """Queue one batch job (as ``req.user`` when given); return its job id."""
 
-    def check(self, req: SubmitRequest) -> None:
+    def check(self, req: SubmitRequest) -> None:  # noqa: B027  (optional: the default accepts)
         """Ask Slurm whether ``req`` would be accepted, creating nothing.
 
         Raises SlurmError with Slurm's reason (unknown account, partition the

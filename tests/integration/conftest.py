@@ -94,7 +94,7 @@ class SlurmCluster:
         out = self.run(["sacct", "-n", "-P", "-X", "--duplicates", "-j", job_id,
                         f"--format={fields}"]).stdout
         names = fields.split(",")
-        return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line.strip()]
+        return [dict(zip(names, line.split("|"), strict=False)) for line in out.splitlines() if line.strip()]
 
     def reclaim(self, node: str) -> None:
         """Cloud-style spot reclaim: the node vanishes, its jobs are requeued (NODE_FAIL)."""

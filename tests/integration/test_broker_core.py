@@ -45,7 +45,7 @@ def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_clust
             return -1
 
     for n in (1, 2):
-        job = d.wait_job(job_id, lambda j: j["state"] == "running" and len(j["attempts"]) == n, timeout=180)
+        job = d.wait_job(job_id, lambda j, n=n: j["state"] == "running" and len(j["attempts"]) == n, timeout=180)
         node = _running_on(job)
         before = manifest_step()
         deadline = time.monotonic() + 60

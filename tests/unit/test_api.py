@@ -49,12 +49,12 @@ def test_identity_comes_from_the_kernel(server):
 def test_another_user_is_seen_as_that_user(server):
     nobody = pwd.getpwnam("nobody")
     code = (
-        "import sys, json; sys.path.insert(0, %r); from broker.client import call; "
-        "print(json.dumps(call(%r, 'whoami')))" % (os.getcwd(), server.path)
+        f"import sys, json; sys.path.insert(0, {os.getcwd()!r}); from broker.client import call; "
+        f"print(json.dumps(call({server.path!r}, 'whoami')))"
     )
     out = subprocess.run([sys.executable, "-c", code], user=nobody.pw_uid, group=nobody.pw_gid,
                          extra_groups=[], capture_output=True, text=True, check=True).stdout
-    assert '"uid": %d' % nobody.pw_uid in out and '"admin": false' in out
+    assert f'"uid": {nobody.pw_uid}' in out and '"admin": false' in out
     r = subprocess.run([sys.executable, "-c", code.replace("'whoami'", "'admin'")], user=nobody.pw_uid,
                        group=nobody.pw_gid, extra_groups=[], capture_output=True, text=True)
     assert r.returncode != 0 and "admins" in r.stderr

@@ -35,13 +35,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from broker.clock import Clock, SystemClock
 from broker.nodes.providers.aws_errors import map_aws_error
+from policies import Capacity
+
 from broker.nodes.providers.base import (
     CAPACITY_TAG,
     CLUSTER_TAG,
     DEAD,
     NODE_TAG,
     PARTITION_TAG,
-    Capacity,
     Instance,
     InstanceState,
     NodeRequest,
@@ -228,7 +229,7 @@ class AwsProvider(Provider):
         # the instance still runs; only live spot instances need the lookup.
         request_of = {
             raw["SpotInstanceRequestId"]: inst.instance_id
-            for raw, inst in zip(raws, found)
+            for raw, inst in zip(raws, found, strict=False)
             if raw.get("SpotInstanceRequestId") and inst.capacity is Capacity.SPOT and not inst.dead
         }
         reclaimed: set[str] = set()

@@ -113,7 +113,7 @@ class CommandProvider(Provider):
                 hint="the resume command must exit 0 only once each node's instance exists "
                 "(and the list command must show it)",
             )
-            for n, inst in zip(nodes, result) if inst is None
+            for n, inst in zip(nodes, result, strict=False) if inst is None
         }
         found = [i for i in result if i is not None]
         if failures:

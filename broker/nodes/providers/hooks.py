@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from broker.config import Settings
 from broker.nodes.providers.base import NodeRequest, Provider, ProviderConfigError, from_name
 from broker.slurm.hostlist import count, expand
 
@@ -89,7 +90,7 @@ class Target:
     gpus: int
 
 
-def home_partition(settings: Any, partitions: Iterable[str]) -> str:
+def home_partition(settings: Settings, partitions: Iterable[str]) -> str:
     """The managed partition a node is billed and launched under: the first managed
     one in configuration order, else the node's first partition, else the on-demand one."""
     parts = list(partitions)
@@ -125,7 +126,7 @@ def targets(
     return out
 
 
-def make_provider(settings: Any) -> Provider:
+def make_provider(settings: Settings) -> Provider:
     """The provider named by ``node_provider`` with its ``[providers.<name>]`` settings."""
     if not settings.node_provider:
         raise ProviderConfigError(

@@ -31,8 +31,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from policies import Capacity
+
 from broker.nodes.providers.base import (
-    Capacity,
     Instance,
     InstanceState,
     NodeRequest,
