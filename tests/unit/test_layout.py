@@ -207,10 +207,12 @@ def imports_of(module: str) -> tuple[Import, ...]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: list[Import] = []
     for node, lazy in _walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 origin = ".".join(base + ([node.module] if node.module else []))
@@ -241,7 +243,7 @@ def test_package_map_lists_exactly_the_packages_and_top_level_modules() -> None:
     expected = expected_entries()
     missing = sorted(expected - listed)
     absent = sorted(listed - expected)
-    uncovered = sorted(_rel(p) for p in python_files() if row_of(p) is None)
+    uncovered = sorted(_rel(p) for p in python_files() if row_of(p) is None and _rel(p) not in missing)
     problems = [f"{m} is in the tree but not in the package map of docs/ARCHITECTURE.md" for m in missing]
     problems += [f"{a} is in the package map of docs/ARCHITECTURE.md but not in the tree" for a in absent]
     problems += [f"{u} belongs to no row of the package map" for u in uncovered]
@@ -268,13 +270,6 @@ def test_imports_point_down() -> None:
         if (source, target) not in upward
     ]
     assert not problems, "\n".join(problems)
-
-
-def test_known_upward_imports_are_the_ones_reported() -> None:
-    """The allow-list, as it stands, with where each import is (so a run with -v shows them)."""
-    for (source, target), why in KNOWN_UPWARD.items():
-        found = [i for i in imports_of(source) if i.target == target] if source in modules() else []
-        assert found, f"{source} no longer imports {target}: remove it from KNOWN_UPWARD ({why})"
 
 
 # -- (c) the domains never import what sits on top of them -------------------------------
@@ -389,6 +384,6 @@ def test_every_cited_principle_exists() -> None:
                 for n in map(int, re.findall(r"\d+", cite.group(1))):
                     if n not in known:
                         problems.append(
-                            f"{_rel(path)}:{number} cites principle {n}; docs/ARCHITECTURE.md has 1-{len(known)}"
+                            f"{_rel(path)}:{number} cites principle {n}; docs/ARCHITECTURE.md has no principle {n}"
                         )
     assert not problems, "\n".join(problems)
