@@ -3,6 +3,9 @@
 Import a policy by name with ``policies.from_name("gbroker")``; the list of
 names is ``policies.names()``. ``omniscient`` is the simulator's lower bound
 and needs a plan computed from a known trace.
+
+May import: nothing of ``broker``. A policy reads only its arguments
+(principle 1), which is what lets the daemon and the simulator share it.
 """
 
 from policies.base import (  # noqa: F401

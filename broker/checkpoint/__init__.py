@@ -36,6 +36,10 @@ one callback that records each save in the same manifest, and resume from
 The callback classes are built on first use (``LightningCallback`` imports
 Lightning, ``HFCallback`` imports transformers), so importing this package
 needs neither framework: the daemon imports it too.
+
+In the base layer (docs/ARCHITECTURE.md). May import: the standard library
+and its own modules only, nothing else of gbroker: it runs inside users'
+jobs, whose Python may have none of gbroker's dependencies.
 """
 
 from __future__ import annotations

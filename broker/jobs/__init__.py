@@ -6,8 +6,10 @@ reconcile tick (following Slurm, settling ended runs, recovering from
 reclaims, deadline moves), ownership checks on Slurm ids, the job socket
 handlers and the views the CLI shows.
 
-May import: broker.money (admission, the ledger's charges), broker.market,
-broker.state, broker.slurm, broker.db, policies and the base modules
-(spec, states, config, clock, errors, proc, userfiles). Never the transport
-(api, client), the CLI or the daemon.
+May import (the layers below it, docs/ARCHITECTURE.md): broker.nodes,
+broker.money (admission, the ledger's charges), broker.state, broker.caller,
+broker.ownership, broker.market, broker.userfiles, broker.slurm, broker.db,
+policies and the base modules (spec, states, config, clock, errors, proc,
+checkpoint). Never the wiring, the transport (api, client), the CLI or the
+daemon.
 """

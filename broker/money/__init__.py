@@ -5,7 +5,8 @@ Everything is integer micro-units (``amount``). Owns the price book
 admission against budgets and quotas, budget alerts, the spend forecast, the
 spend reports and the budget socket handlers.
 
-May import: broker.state, broker.db, broker.slurm (accounting), the base
-modules. Never broker.jobs or broker.nodes, the transport, the CLI or the
-daemon.
+May import (the layers below it, docs/ARCHITECTURE.md): broker.state,
+broker.caller, broker.ownership, broker.market, broker.userfiles, broker.db,
+broker.slurm (accounting), policies and the base modules. Never broker.jobs
+or broker.nodes, the wiring, the transport, the CLI or the daemon.
 """

@@ -6,7 +6,8 @@ power-up), what Slurm says about nodes, the node socket handlers, and the
 providers (``providers/``: local, command, AWS) that create and delete
 instances.
 
-May import: broker.money, broker.market, broker.state, broker.slurm,
-broker.db and the base modules. Never broker.jobs, the transport, the CLI or
-the daemon.
+May import (the layers below it, docs/ARCHITECTURE.md): broker.money,
+broker.state, broker.caller, broker.ownership, broker.market,
+broker.userfiles, broker.slurm, broker.db, policies and the base modules.
+Never broker.jobs, the wiring, the transport, the CLI or the daemon.
 """

@@ -2,6 +2,11 @@
 
 ``make_backend()`` gives the backend to use here: pyslurm when it imports
 and matches the running Slurm release, otherwise the command-line tools.
+
+May import: the base modules (``errors``, ``states``, ``spec``, ``proc``, the
+checkpoint manifest's constants) and ``policies``. Never the database, the
+daemon's state or a domain: everything above reaches Slurm through this
+package (principle 5).
 """
 
 from __future__ import annotations
