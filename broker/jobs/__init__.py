@@ -3,8 +3,7 @@
 Owns submission (checks, the sbatch of each attempt), placement (which
 capacity a job or attempt gets, from the policy and the market), the
 reconcile tick (following Slurm, settling ended runs, recovering from
-reclaims, deadline moves), ownership checks on Slurm ids, the job socket
-handlers and the views the CLI shows.
+reclaims, deadline moves), the job socket handlers and the views the CLI shows.
 
 May import (the layers below it, docs/ARCHITECTURE.md): broker.nodes,
 broker.money (admission, the ledger's charges), broker.state, broker.caller,
