@@ -1,7 +1,8 @@
 """Money: prices, the ledger, budgets, quotas, alerts, forecasts and reports.
 
 Everything is integer micro-units (``amount``). Owns the price book
-(``pricing``), charging runs and node time (``charging``, ``ledger``),
+(``pricing``; loaded from the database and turned into a node's price per
+node-hour by ``pricebook``), charging runs and node time (``charging``, ``ledger``),
 admission against budgets and quotas, budget alerts, the spend forecast, the
 spend reports and the budget socket handlers.
 

@@ -42,7 +42,7 @@ from broker.db.ledger_models import (
 from broker.db.models import Attempt, Job
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.money.amount import format_money
-from broker.money import alerts
+from broker.money import alerts, pricebook
 from broker.money import budgets as B
 from broker.money.charging import MissingPrice, Run, split_run
 from broker.ownership import verified
@@ -112,7 +112,7 @@ def charge_ended_runs(svc: Services, now: datetime) -> int:
         by_id.setdefault(r.job_id, []).append(r)
     charged = 0
     with svc.tx() as s:
-        book = B.price_book(s)
+        book = pricebook.load(s)
         cuts = B.semester_cuts(s)
         attempts = store.attempts_by_slurm_id(s, ids)
         for sid in ids:
@@ -435,7 +435,7 @@ def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int
 
 def _plan_budgets(s: Session, svc: Services, now: datetime, plan: BudgetPlan) -> None:
     semester = B.semester_at(s, now)
-    book = B.price_book(s)
+    book = pricebook.load(s)
     open_holds = list(s.execute(select(BudgetHold).where(BudgetHold.released_at.is_(None))).scalars())
     over_budgets: set[int] = set()
     budgets = []
@@ -544,7 +544,7 @@ def charge_idle_time(
     if seconds <= 0:
         return 0
     run = Run(0, 0, start, seconds, gpus, partition, capacity)
-    lines = split_run(run, B.price_book(s), cuts=B.semester_cuts(s),
+    lines = split_run(run, pricebook.load(s), cuts=B.semester_cuts(s),
                       ondemand=(svc.settings.ondemand_partition, "ondemand"))
     total = 0
     for line in lines:

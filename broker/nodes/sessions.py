@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from broker.config import Settings
 from broker.db.models import Event
 from broker.db.node_models import (
     SOURCE_OBSERVED,
@@ -26,7 +27,8 @@ from broker.db.node_models import (
     NodeSession,
     NodeUsage,
 )
-from broker.money.amount import cost_micros, parse_money
+from broker.money import pricebook
+from broker.money.amount import cost_micros
 
 log = logging.getLogger(__name__)
 
@@ -70,32 +72,12 @@ def current_usage(s: Session, sess: NodeSession) -> NodeUsage | None:
     ).scalars().first()
 
 
-# ----------------------------------------------------------------------------- prices
-
-
-def node_price(s: Session, settings: Any, partition: str, capacity: str, gpus: int, at: datetime) -> int | None:
-    """Micro-units per node-hour: ``[nodes.<p>] price_per_node_hour``, else the price
-    book's GPU-hour price for (partition, capacity) times the node's GPUs; None if neither."""
-    rule = settings.managed_node_partitions().get(partition)
-    if rule is not None and rule.price_per_node_hour is not None:
-        return parse_money(rule.price_per_node_hour)
-    try:
-        from broker.db.ledger_models import Price
-        from broker.money.pricing import PriceBook, PriceRow
-    except ImportError:  # the budgets module is not installed
-        return None
-    rows = s.execute(select(Price).where(Price.capacity == capacity)).scalars()
-    book = PriceBook.of(PriceRow(r.partition, r.capacity, r.price_micros, r.effective_at) for r in rows)
-    per_gpu = book.price_at(partition, capacity, at)
-    return None if per_gpu is None else per_gpu * max(gpus, 1)
-
-
 # ----------------------------------------------------------------------------- sessions
 
 
 def open_session(
     s: Session,
-    settings: Any,
+    settings: Settings,
     *,
     node: str,
     partition: str,
@@ -115,7 +97,7 @@ def open_session(
     existing = open_session_of(s, node)
     if existing is not None:
         return existing, False
-    price = node_price(s, settings, partition, capacity, gpus, at)
+    price = pricebook.node_hour_price(settings, pricebook.load(s), partition, capacity, gpus, at)
     sess = NodeSession(
         node=node, partition=partition, capacity=capacity, provider=provider, instance_id=instance_id,
         gpus=gpus, price_micros=price or 0, price_known=int(price is not None), source=source, open_key=key,
