@@ -2,9 +2,11 @@
 
 Everything is integer micro-units (``amount``). Owns the price book
 (``pricing``; loaded from the database and turned into a node's price per
-node-hour by ``pricebook``), charging runs and node time (``charging``, ``ledger``),
-admission against budgets and quotas, budget alerts, the spend forecast, the
-spend reports and the budget socket handlers.
+node-hour by ``pricebook``), what node time costs (``nodecost``: the one
+function that prices a stretch of node time, for the ledger's idle lines,
+node sessions and ``gbroker node report``), charging runs and idle node time
+(``charging``, ``ledger``), admission against budgets and quotas, budget
+alerts, the spend forecast, the spend reports and the budget socket handlers.
 
 May import: broker.state, broker.db, broker.slurm (accounting), the base
 modules. Never broker.jobs or broker.nodes, the transport, the CLI or the
