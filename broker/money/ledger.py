@@ -176,20 +176,13 @@ def _charge_slurm_job(
     return done
 
 
-def _capacity_of(svc: Services, partition: str, att: Attempt | None) -> str:
-    if partition == svc.settings.spot_partition:
-        return "spot"
-    if partition == svc.settings.ondemand_partition:
-        return "ondemand"
-    return att.capacity.value if att is not None else "ondemand"
-
-
 def _charge_run(
     s: Session, svc: Services, job: Job, att: Attempt | None, row: SacctRow, book: Any,
     cuts: list[datetime], now: datetime,
 ) -> None:
     partition = row.partition or (att.partition if att is not None else None) or job.partition or ""
-    capacity = _capacity_of(svc, partition, att)
+    # The settings' map; a partition it does not know keeps the capacity gbroker placed the run on.
+    capacity = svc.settings.capacity_of(partition) or (att.capacity.value if att is not None else "ondemand")
     gpus = row.alloc_gpus or B.job_size(job).gpus
     elapsed = max(0, row.elapsed_s)
     start = row.start
