@@ -140,7 +140,23 @@ class Settings:
     node_provider_settings: str = "{}"
     """JSON of the ``[providers.<name>]`` tables (kept as text so Settings stays hashable)."""
 
+    def capacity_of(self, partition: str) -> str | None:
+        """'spot' or 'ondemand' for ``partition``: the one partition -> capacity map.
+
+        The ``[partitions]`` table first (its spot and on-demand partitions),
+        then the ``capacity`` of the partition's ``[nodes.<partition>]`` table;
+        None for a partition gbroker knows no capacity of. ``load_settings``
+        refuses a ``[nodes.<p>]`` capacity that contradicts ``[partitions]``.
+        """
+        if partition == self.spot_partition:
+            return "spot"
+        if partition == self.ondemand_partition:
+            return "ondemand"
+        rule = self.managed_node_partitions().get(partition)
+        return rule.capacity if rule is not None else None
+
     def partition_for(self, capacity: str) -> str:
+        """The reverse of ``capacity_of`` for the ``[partitions]`` table: where jobs of a capacity go."""
         return self.spot_partition if capacity == "spot" else self.ondemand_partition
 
     @property
@@ -154,11 +170,8 @@ class Settings:
         return {name: NodePartition(name) for name in sorted(self.partitions)}
 
     def node_capacity(self, partition: str) -> str:
-        """'spot' or 'ondemand' for a managed partition's nodes."""
-        rule = self.managed_node_partitions().get(partition)
-        if rule is not None and rule.capacity:
-            return rule.capacity
-        return "spot" if partition == self.spot_partition else "ondemand"
+        """'spot' or 'ondemand' for a managed partition's nodes: ``capacity_of``, else on-demand."""
+        return self.capacity_of(partition) or "ondemand"
 
     def node_idle_seconds_for(self, partition: str) -> float:
         rule = self.managed_node_partitions().get(partition)
@@ -318,4 +331,17 @@ def load_settings(
             raise ConfigError("hook_user can only be set in the config file",
                               hint="it decides who alert commands run as; only root edits the config file")
         settings = replace(settings, **_from_mapping(clean, "command line"))
+    _check_capacities(settings)
     return settings
+
+
+def _check_capacities(settings: Settings) -> None:
+    """A ``[nodes.<p>]`` capacity may not contradict ``[partitions]``: one map, one answer."""
+    for rule in settings.node_partitions:
+        named = {settings.spot_partition: "spot", settings.ondemand_partition: "ondemand"}.get(rule.name)
+        if rule.capacity is not None and named is not None and rule.capacity != named:
+            raise ConfigError(
+                f"[nodes.{rule.name}] capacity = {rule.capacity!r}, but [partitions] names {rule.name!r} "
+                f"the {named} partition",
+                hint=f"drop capacity from [nodes.{rule.name}] or set it to {named!r}",
+            )

@@ -185,9 +185,9 @@ def build_market(
 
 def _prices(settings: Settings, session: Session, now: datetime) -> dict[str, int]:
     """Per GPU-hour prices in force now, from the price book when it has them."""
-    from broker.money.budgets import price_book
+    from broker.money import pricebook
 
-    book = price_book(session)
+    book = pricebook.load(session)
     out: dict[str, int] = {}
     spot = book.price_at(settings.spot_partition, "spot", now)
     ondemand = book.price_at(settings.ondemand_partition, "ondemand", now)

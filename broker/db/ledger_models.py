@@ -216,7 +216,7 @@ class Charge(Base):
     seconds: Mapped[int] = mapped_column(Integer)
     gpus: Mapped[int] = mapped_column(Integer)
     price_micros: Mapped[int] = mapped_column(BigInteger)
-    """The price in force for this period, micro-units per GPU-hour."""
+    """The price in force for this period, micro-units per GPU-hour (an ``idle`` line: the node's per node-hour)."""
     amount_micros: Mapped[int] = mapped_column(BigInteger)
     ondemand_micros: Mapped[int] = mapped_column(BigInteger)
     """What the same GPU-seconds would have cost on on-demand (for "saved against all-on-demand")."""

@@ -26,10 +26,10 @@ RECLAIM_WINDOW = timedelta(days=7)
 
 
 def capacity_of_partition(settings: Settings, partition: str) -> str:
-    if partition == settings.spot_partition:
-        return "spot"
-    if partition == settings.ondemand_partition:
-        return "ondemand"
+    """The capacity of a partition a job may name: one of the ``[partitions]`` table's."""
+    capacity = settings.capacity_of(partition) if partition in settings.partitions else None
+    if capacity is not None:
+        return capacity
     raise SpecError(
         f"partition: {partition!r} is not managed by gbroker",
         hint=f"use {settings.spot_partition} or {settings.ondemand_partition}, or leave it to the policy",

@@ -21,6 +21,7 @@ from broker.caller import Caller
 from broker.errors import AdmissionRefused, PermissionDenied
 from broker.money.amount import format_money
 from broker.money import budgets as B
+from broker.money import pricebook
 from broker.spec import JobSpec
 from broker.state import Services
 
@@ -47,7 +48,7 @@ def admit(
 ) -> Admission:
     """Raise AdmissionRefused (with the numbers) or return what to reserve."""
     settings = svc.settings
-    book = B.price_book(session)
+    book = pricebook.load(session)
     size = B.JobSize(spec.gpus, spec.time_limit_s)
     estimates: dict[str, int | None] = {capacity: B.attempt_estimate(book, partition, capacity, size, now)}
     for other in ("spot", "ondemand"):

@@ -31,7 +31,6 @@ from broker.db.ledger_models import (
     Charge,
     GroupMember,
     LabGroup,
-    Price,
     Quota,
     ReservationRelease,
     Semester,
@@ -40,18 +39,13 @@ from broker.db.models import Attempt, Job
 from broker.errors import NotFound
 from broker.money.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
-from broker.money.pricing import PriceBook, PriceRow
+from broker.money.pricing import PriceBook
 from broker.states import MOVING_OUTCOME, TERMINAL
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
 
 # -- lookups --------------------------------------------------------------------
-def price_book(s: Session) -> PriceBook:
-    rows = s.execute(select(Price.partition, Price.capacity, Price.price_micros, Price.effective_at)).all()
-    return PriceBook.of(PriceRow(p, c, m, e) for p, c, m, e in rows)
-
-
 def semester_at(s: Session, at: datetime) -> Semester | None:
     return s.execute(
         select(Semester).where(Semester.starts_at <= at, Semester.ends_at > at)

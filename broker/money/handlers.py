@@ -26,6 +26,7 @@ from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price
 from broker.errors import SpecError
 from broker.money.amount import format_money, parse_money
 from broker.money import budgets as B
+from broker.money import pricebook
 from broker.money import reporting
 from broker.money.pricing import ANY_PARTITION, CAPACITIES
 from broker.state import Services
@@ -412,7 +413,7 @@ def budget_set(
         f"{budget.cancel_running} (by {caller.name})",
         now=now,
     )
-    status = B.budget_status(s, g, sem, budget, B.price_book(s), svc.settings, now)
+    status = B.budget_status(s, g, sem, budget, pricebook.load(s), svc.settings, now)
     out = status.as_dict()
     out.update(thresholds=budget.thresholds, hold_pending=budget.hold_pending, cancel_running=budget.cancel_running,
                alert_command=json.loads(budget.alert_command) if budget.alert_command else None,

@@ -40,9 +40,10 @@ from broker.db.ledger_models import (
     ReservationRelease,
 )
 from broker.db.models import Attempt, Job
+from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.money.amount import format_money
-from broker.money import alerts
+from broker.money import alerts, nodecost, pricebook
 from broker.money import budgets as B
 from broker.money.charging import MissingPrice, Run, split_run
 from broker.ownership import verified
@@ -112,7 +113,7 @@ def charge_ended_runs(svc: Services, now: datetime) -> int:
         by_id.setdefault(r.job_id, []).append(r)
     charged = 0
     with svc.tx() as s:
-        book = B.price_book(s)
+        book = pricebook.load(s)
         cuts = B.semester_cuts(s)
         attempts = store.attempts_by_slurm_id(s, ids)
         for sid in ids:
@@ -175,20 +176,13 @@ def _charge_slurm_job(
     return done
 
 
-def _capacity_of(svc: Services, partition: str, att: Attempt | None) -> str:
-    if partition == svc.settings.spot_partition:
-        return "spot"
-    if partition == svc.settings.ondemand_partition:
-        return "ondemand"
-    return att.capacity.value if att is not None else "ondemand"
-
-
 def _charge_run(
     s: Session, svc: Services, job: Job, att: Attempt | None, row: SacctRow, book: Any,
     cuts: list[datetime], now: datetime,
 ) -> None:
     partition = row.partition or (att.partition if att is not None else None) or job.partition or ""
-    capacity = _capacity_of(svc, partition, att)
+    # The settings' map; a partition it does not know keeps the capacity gbroker placed the run on.
+    capacity = svc.settings.capacity_of(partition) or (att.capacity.value if att is not None else "ondemand")
     gpus = row.alloc_gpus or B.job_size(job).gpus
     elapsed = max(0, row.elapsed_s)
     start = row.start
@@ -435,7 +429,7 @@ def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int
 
 def _plan_budgets(s: Session, svc: Services, now: datetime, plan: BudgetPlan) -> None:
     semester = B.semester_at(s, now)
-    book = B.price_book(s)
+    book = pricebook.load(s)
     open_holds = list(s.execute(select(BudgetHold).where(BudgetHold.released_at.is_(None))).scalars())
     over_budgets: set[int] = set()
     budgets = []
@@ -533,32 +527,41 @@ def _running_to_cancel(s: Session, account: str) -> list[tuple[int, int]]:
 # -- idle node time ---------------------------------------------------------------------
 def charge_idle_time(
     s: Session, svc: Services, *, node: str, partition: str, capacity: str, start: datetime, end: datetime,
-    gpus: int, now: datetime, account: str = "",
+    gpus: int, now: datetime, account: str = "", price_micros: int | None = None,
 ) -> int:
     """Charge a node that was up with no job on it, as its own ``idle`` lines. Returns micro-units.
 
-    For the node-release tick: keyed on (node, period start), so reporting the
-    same idle stretch twice charges it once. Raises MissingPrice like a run.
+    ``price_micros``: the node's price per node-hour (a node session's, fixed
+    when it resumed); None: the price a node resuming at ``start`` gets
+    (``pricebook.node_hour_price``). The stretch is priced by
+    ``nodecost.stretch_cost``, as ``gbroker node report`` prices it: one line
+    per semester piece, whose price is per node-hour. Keyed on (node, period
+    start), so reporting the same idle stretch twice charges it once. Raises
+    MissingPrice when there is no price.
     """
-    seconds = int((end - start).total_seconds())
-    if seconds <= 0:
+    if end <= start:
         return 0
-    run = Run(0, 0, start, seconds, gpus, partition, capacity)
-    lines = split_run(run, B.price_book(s), cuts=B.semester_cuts(s),
-                      ondemand=(svc.settings.ondemand_partition, "ondemand"))
+    if price_micros is None:
+        price_micros = pricebook.node_hour_price(svc.settings, pricebook.load(s), partition, capacity, gpus, start)
+    if price_micros is None:
+        raise MissingPrice(
+            f"no price for node {node} of partition {partition} ({capacity}) at {start:%Y-%m-%d %H:%M:%S} UTC",
+            hint=f"add one: gbroker price set {partition} --capacity {capacity} --price ... --from ..., "
+                 f"or set price_per_node_hour in [nodes.{partition}]",
+        )
     total = 0
-    for line in lines:
-        key = f"idle:{node}:{int(line.period_start.timestamp())}"
+    for piece in nodecost.stretch_cost(price_micros, start, end, cuts=B.semester_cuts(s)):
+        key = f"idle:{node}:{int(piece.start.timestamp())}"
         if s.execute(select(Charge.id).where(Charge.line_key == key)).first() is not None:
             continue
         s.add(Charge(
             line_key=key, slurm_job_id=None, run_index=None, job_id=None, attempt_id=None, account=account,
             user_name="", kind="idle", partition=partition, capacity=capacity, node=node, tag=TAG_IDLE,
-            period_start=line.period_start, period_end=line.period_end, seconds=line.seconds, gpus=gpus,
-            price_micros=line.price_micros, amount_micros=line.amount_micros,
-            ondemand_micros=line.amount_micros, created_at=now,
+            period_start=piece.start, period_end=piece.end, seconds=piece.seconds, gpus=gpus,
+            price_micros=price_micros, amount_micros=piece.amount_micros,
+            ondemand_micros=piece.amount_micros, created_at=now,
         ))
-        total += line.amount_micros
+        total += piece.amount_micros
     s.flush()
     return total
 
@@ -570,15 +573,16 @@ IDLE_LOOKBACK = timedelta(days=2)
 def charge_idle_stretches(svc: Services, now: datetime) -> int:
     """Put every ended idle stretch of a node (from the node manager's sessions) in the ledger.
 
-    Each stretch becomes ``idle`` lines at the price book's GPU-hour price times
-    the node's GPUs, keyed per node and period, so a tick that sees it again
-    charges nothing more. A stretch with no price in the book is logged and
-    left for a later tick (an admin may add the price).
+    Each stretch is charged at its session's price per node-hour (fixed at
+    resume: the partition's ``price_per_node_hour``, else the price book's
+    GPU-hour price times the node's GPUs), keyed per node and period, so a
+    tick that sees it again charges nothing more. A session that has no price
+    yet is logged and left for a later tick (an admin may add the price; see
+    ``nodecost.session_price``).
     """
-    from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
-
     total = 0
     with svc.tx() as s:
+        book = pricebook.load(s)
         rows = s.execute(
             select(NodeUsage, NodeSession)
             .join(NodeSession, NodeSession.id == NodeUsage.session_id)
@@ -587,14 +591,15 @@ def charge_idle_stretches(svc: Services, now: datetime) -> int:
         ).all()
         for usage, sess in rows:
             assert usage.ended_at is not None  # selected for it
-            try:
-                total += charge_idle_time(
-                    s, svc, node=sess.node, partition=sess.partition, capacity=sess.capacity,
-                    start=usage.started_at, end=usage.ended_at, gpus=sess.gpus, now=now,
-                )
-            except MissingPrice as exc:
-                _warn_once(svc, ("idle", usage.id), "ledger: idle time of %s not charged yet: %s",
-                           sess.node, exc.message)
+            price = nodecost.session_price(s, svc.settings, book, sess, now)
+            if price is None:
+                _warn_once(svc, ("idle", usage.id), "ledger: idle time of %s not charged yet: no price for "
+                           "partition %s (%s) when it resumed", sess.node, sess.partition, sess.capacity)
+                continue
+            total += charge_idle_time(
+                s, svc, node=sess.node, partition=sess.partition, capacity=sess.capacity,
+                start=usage.started_at, end=usage.ended_at, gpus=sess.gpus, now=now, price_micros=price,
+            )
     return total
 
 

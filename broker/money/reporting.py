@@ -24,6 +24,7 @@ from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semest
 from broker.errors import SpecError
 from broker.money.amount import format_money
 from broker.money import budgets as B
+from broker.money import pricebook
 from broker.money.forecast import DEFAULT_WINDOW, forecast
 
 BY_CHOICES = ("group", "user", "kind", "partition")
@@ -125,7 +126,7 @@ def budgets_overview(
     s: Session, caller: Caller, settings: Settings, semester: Semester, now: datetime,
     window: timedelta = DEFAULT_WINDOW,
 ) -> list[dict[str, Any]]:
-    book = B.price_book(s)
+    book = pricebook.load(s)
     out = []
     for group in B.visible_groups(s, caller):
         budget = B.budget_of(s, group.id, semester.id)

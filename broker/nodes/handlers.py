@@ -16,7 +16,7 @@ from broker.caller import Caller, Handler
 from broker.errors import SpecError
 from broker.money.amount import format_money
 from broker.nodes.providers.hooks import expand_hostlists, new_key
-from broker.nodes import sessions as ns
+from broker.money.nodecost import node_cost
 from broker.nodes.manager import NodeManager
 from broker.state import Services
 
@@ -75,7 +75,7 @@ def report(svc: Services, since: str | None, until: str | None) -> dict[str, Any
     start = parse_when(since, now)
     end = parse_when(until, now) or now
     with svc.sessions() as s:
-        rows = [r.as_dict() for r in ns.node_cost(s, start, end)]
+        rows = [r.as_dict() for r in node_cost(s, start, end)]
     for r in rows:
         for k in ("node_s", "busy_s", "idle_s"):
             r[k.replace("_s", "_hours")] = f"{r[k] / 3600:.3f}"

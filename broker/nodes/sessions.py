@@ -1,8 +1,12 @@
-"""Node billing in the database: open and close sessions, cut them into busy/idle, report cost.
+"""Node billing in the database: open and close sessions, cut them into busy/idle.
 
 Every change writes an event (kind ``node_*``, job_id NULL) carrying the exact
 times, so the totals here can be checked against the event log. Times are
 whole seconds (``whole``), so busy + idle of a session equals its length.
+A session's price per node-hour is fixed when it opens
+(``broker.money.pricebook.node_hour_price``); what its time costs, when it
+closes and in ``gbroker node report``, is ``broker.money.nodecost``, the same
+function the ledger charges idle time with.
 Callers hold a transaction (``svc.tx()``); nothing here talks to Slurm or a cloud.
 """
 
@@ -10,23 +14,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from broker.config import Settings
 from broker.db.models import Event
 from broker.db.node_models import (
     SOURCE_OBSERVED,
-    USAGE_BUSY,
     USAGE_IDLE,
     NodeSession,
     NodeUsage,
 )
-from broker.money.amount import cost_micros, parse_money
+from broker.money import pricebook
+from broker.money.nodecost import session_totals
 
 log = logging.getLogger(__name__)
 
@@ -70,32 +73,12 @@ def current_usage(s: Session, sess: NodeSession) -> NodeUsage | None:
     ).scalars().first()
 
 
-# ----------------------------------------------------------------------------- prices
-
-
-def node_price(s: Session, settings: Any, partition: str, capacity: str, gpus: int, at: datetime) -> int | None:
-    """Micro-units per node-hour: ``[nodes.<p>] price_per_node_hour``, else the price
-    book's GPU-hour price for (partition, capacity) times the node's GPUs; None if neither."""
-    rule = settings.managed_node_partitions().get(partition)
-    if rule is not None and rule.price_per_node_hour is not None:
-        return parse_money(rule.price_per_node_hour)
-    try:
-        from broker.db.ledger_models import Price
-        from broker.money.pricing import PriceBook, PriceRow
-    except ImportError:  # the budgets module is not installed
-        return None
-    rows = s.execute(select(Price).where(Price.capacity == capacity)).scalars()
-    book = PriceBook.of(PriceRow(r.partition, r.capacity, r.price_micros, r.effective_at) for r in rows)
-    per_gpu = book.price_at(partition, capacity, at)
-    return None if per_gpu is None else per_gpu * max(gpus, 1)
-
-
 # ----------------------------------------------------------------------------- sessions
 
 
 def open_session(
     s: Session,
-    settings: Any,
+    settings: Settings,
     *,
     node: str,
     partition: str,
@@ -115,7 +98,7 @@ def open_session(
     existing = open_session_of(s, node)
     if existing is not None:
         return existing, False
-    price = node_price(s, settings, partition, capacity, gpus, at)
+    price = pricebook.node_hour_price(settings, pricebook.load(s), partition, capacity, gpus, at)
     sess = NodeSession(
         node=node, partition=partition, capacity=capacity, provider=provider, instance_id=instance_id,
         gpus=gpus, price_micros=price or 0, price_known=int(price is not None), source=source, open_key=key,
@@ -194,19 +177,13 @@ def close_session(s: Session, sess: NodeSession, at: datetime, reason: str, key:
         cur.ended_at = max(at, cur.started_at)
         at = cur.ended_at
     s.flush()
-    busy = idle = 0
-    for u in s.execute(select(NodeUsage).where(NodeUsage.session_id == sess.id)).scalars():
-        secs = int((u.ended_at - u.started_at).total_seconds()) if u.ended_at else 0
-        if u.state == USAGE_BUSY:
-            busy += secs
-        else:
-            idle += secs
+    totals = session_totals(s, sess)
+    busy, idle = totals.busy_s, totals.idle_s
     sess.suspended_at = at
     sess.close_key = key
     sess.end_reason = reason
     sess.busy_s, sess.idle_s = busy, idle
-    sess.cost_micros = cost_micros(sess.price_micros, busy + idle)
-    sess.idle_cost_micros = cost_micros(sess.price_micros, idle)
+    sess.cost_micros, sess.idle_cost_micros = totals.cost_micros, totals.idle_cost_micros
     add_event(
         s, "node_suspend", at, f"{sess.node} suspended: {reason}", node=sess.node, partition=sess.partition,
         session=sess.id, reason=reason, busy_s=busy, idle_s=idle, cost_micros=sess.cost_micros,
@@ -216,75 +193,3 @@ def close_session(s: Session, sess: NodeSession, at: datetime, reason: str, key:
 
 def session_by_close_key(s: Session, key: str) -> NodeSession | None:
     return s.execute(select(NodeSession).where(NodeSession.close_key == key)).scalars().first()
-
-
-# ----------------------------------------------------------------------------- report
-
-
-@dataclass
-class PartitionNodeCost:
-    """Billed node time of one partition in a window, split into busy and idle."""
-
-    partition: str
-    sessions: int = 0
-    node_s: int = 0
-    busy_s: int = 0
-    idle_s: int = 0
-    cost_micros: int = 0
-    idle_cost_micros: int = 0
-    unpriced_s: int = 0
-    """Seconds of nodes without a price (counted in the hours, not in the cost)."""
-    _by_price: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]), repr=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition, "sessions": self.sessions, "node_s": self.node_s, "busy_s": self.busy_s,
-            "idle_s": self.idle_s, "cost_micros": self.cost_micros, "idle_cost_micros": self.idle_cost_micros,
-            "busy_cost_micros": self.cost_micros - self.idle_cost_micros, "unpriced_s": self.unpriced_s,
-        }  # fmt: skip
-
-
-def node_cost(s: Session, start: datetime | None, end: datetime) -> list[PartitionNodeCost]:
-    """Per partition: node seconds in [start, end), busy and idle, and their cost.
-
-    Open sessions count up to ``end``. Cost is ``cost_micros(price, seconds)`` per
-    (partition, price) over the summed seconds, rounded once per group. This is the
-    function the ledger calls for its "idle node time" line.
-    """
-    q = select(NodeSession).where(NodeSession.resumed_at < end)
-    if start is not None:
-        q = q.where(or_(NodeSession.suspended_at.is_(None), NodeSession.suspended_at > start))
-    sessions = {x.id: x for x in s.execute(q).scalars()}
-    out: dict[str, PartitionNodeCost] = {}
-    if not sessions:
-        return []
-    usage = s.execute(select(NodeUsage).where(NodeUsage.session_id.in_(list(sessions)))).scalars()
-    counted: set[int] = set()
-    for u in usage:
-        sess = sessions[u.session_id]
-        a = u.started_at if start is None else max(u.started_at, start)
-        b = min(u.ended_at or end, end)
-        secs = int((b - a).total_seconds())
-        if secs <= 0:
-            continue
-        row = out.setdefault(sess.partition, PartitionNodeCost(sess.partition))
-        if sess.id not in counted:
-            counted.add(sess.id)
-            row.sessions += 1
-        row.node_s += secs
-        if u.state == USAGE_BUSY:
-            row.busy_s += secs
-        else:
-            row.idle_s += secs
-        if not sess.price_known:
-            row.unpriced_s += secs
-            continue
-        acc = row._by_price[sess.price_micros]
-        acc[0] += secs
-        if u.state != USAGE_BUSY:
-            acc[1] += secs
-    for row in out.values():
-        for price, (total, idle) in row._by_price.items():
-            row.cost_micros += cost_micros(price, total)
-            row.idle_cost_micros += cost_micros(price, idle)
-    return [out[k] for k in sorted(out)]

@@ -206,3 +206,88 @@ def test_ledger_tick_charges_the_node_managers_idle_stretches_once(db_url: str) 
     idle_lines = [ln for ln in w.lines() if ln["kind"] == "idle"]
     assert sum(ln["seconds"] for ln in idle_lines) == 300
     assert sum(ln["amount_micros"] for ln in idle_lines) == first
+
+
+def test_node_report_and_spend_report_give_the_same_idle_cost(db_url: str) -> None:
+    """`gbroker node report` and `gbroker report` price the same idle node time alike, to the
+    micro-unit: on a partition priced by the book (GPU-hour price x GPUs) and on one whose
+    nodes have a price per node-hour of their own."""
+    from dataclasses import replace
+
+    from broker.config import NodePartition
+    from broker.money.amount import cost_micros, parse_money
+    from broker.nodes import sessions as ns
+    from broker.nodes.handlers import report as node_report
+
+    w = World(db_url)
+    w.svc.settings = replace(w.svc.settings, node_partitions=(
+        NodePartition("spot", capacity="spot"),  # the book's $3.60 per GPU-hour x 4 GPUs
+        NodePartition("ondemand", capacity="ondemand", price_per_node_hour="2.45"),  # not the book's $7.20 x 8
+    ))
+    setup_lab(w.svc)
+    with w.svc.tx() as s:
+        spot, _ = ns.open_session(s, w.svc.settings, node="spot2", partition="spot", capacity="spot", gpus=4,
+                                  provider="", source="slurm", key="open-spot2-1", at=T)
+        ns.set_usage(s, spot, "busy", T + timedelta(seconds=120))
+        ns.set_usage(s, spot, "idle", T + timedelta(seconds=420))
+        ns.close_session(s, spot, T + timedelta(seconds=600), "released")  # idle 120 s + 180 s
+        od, _ = ns.open_session(s, w.svc.settings, node="od1", partition="ondemand", capacity="ondemand", gpus=8,
+                                provider="", source="slurm", key="open-od1-1", at=T)
+        ns.set_usage(s, od, "busy", T + timedelta(seconds=93))
+        ns.set_usage(s, od, "idle", T + timedelta(seconds=393))
+        ns.close_session(s, od, T + timedelta(seconds=486), "released")  # idle 93 s + 93 s
+    w.advance(700)
+    w.tick()  # the ledger charges the ended idle stretches
+    by_node_report = {r["partition"]: r["idle_cost_micros"] for r in node_report(w.svc, None, None)["partitions"]}
+    by_ledger: dict[str, int] = {}
+    for ln in w.lines():
+        if ln["tag"] == "idle":
+            by_ledger[ln["partition"]] = by_ledger.get(ln["partition"], 0) + ln["amount_micros"]
+    rep = w.ops()["report"](ROOT, {"by": "partition"})
+    (idle_row,) = [r for r in rep["rows"] if r["key"] == "(idle nodes)"]
+    print(f"idle cost: gbroker node report {by_node_report}, ledger {by_ledger}, "
+          f"gbroker report {idle_row['spend_micros']}")
+    assert by_node_report == by_ledger
+    assert idle_row["spend_micros"] == sum(by_node_report.values())
+    # Each stretch is rounded once, as each ledger line is (rounding the 186 s once would give 126_583).
+    assert by_ledger["ondemand"] == 2 * cost_micros(parse_money("2.45"), 93) == 126_584
+    assert by_ledger["spot"] == cost_micros(parse_money("3.60"), 300, 4) == 1_200_000
+
+
+def test_idle_time_of_a_node_resumed_before_its_price_existed_is_charged_once_there_is_one(db_url: str) -> None:
+    from dataclasses import replace
+
+    from broker.config import NodePartition
+    from broker.db.models import Event
+    from broker.nodes import sessions as ns
+    from broker.nodes.handlers import report as node_report
+
+    w = World(db_url)
+    w.svc.settings = replace(w.svc.settings, node_partitions=(
+        NodePartition("spot", capacity="spot"), NodePartition("ondemand"), NodePartition("a100", capacity="ondemand"),
+    ))
+    setup_lab(w.svc)  # prices for spot and ondemand only
+    with w.svc.tx() as s:
+        sess, _ = ns.open_session(s, w.svc.settings, node="big1", partition="a100", capacity="ondemand", gpus=2,
+                                  provider="", source="slurm", key="open-big1-1", at=T)
+        assert not sess.price_known
+        ns.close_session(s, sess, T + timedelta(seconds=90), "released")
+    w.advance(100)
+    w.tick()
+
+    def a100() -> dict[str, Any]:
+        (row,) = [r for r in node_report(w.svc, None, None)["partitions"] if r["partition"] == "a100"]
+        return row
+
+    assert [ln for ln in w.lines() if ln["tag"] == "idle"] == []
+    assert (a100()["unpriced_s"], a100()["idle_cost_micros"]) == (90, 0)
+    w.ops()["price_set"](ROOT, {"partition": "a100", "capacity": "ondemand", "price": "1.80",
+                                "effective": "2026-09-01"})
+    w.tick()
+    w.tick()
+    idle = [(ln["seconds"], ln["price_micros"], ln["amount_micros"]) for ln in w.lines() if ln["tag"] == "idle"]
+    assert idle == [(90, 3_600_000, 90_000)]  # $1.80 x 2 GPUs per node-hour, fixed as of the resume
+    assert (a100()["unpriced_s"], a100()["idle_cost_micros"]) == (0, 90_000)
+    with w.svc.sessions() as s:
+        priced = s.execute(select(Event.data_json).where(Event.kind == "node_priced")).scalars().all()
+    assert len(priced) == 1 and '"idle_cost_micros": 90000' in priced[0]

@@ -32,7 +32,7 @@ from broker.nodes.providers.base import (
     ProviderError,
     ResumeIncomplete,
 )
-from broker.nodes import sessions as ns
+from broker.money import nodecost
 from broker.wiring import build_services
 from broker.nodes.slurm import gpus_per_node, parse_pending
 from broker.nodes.manager import NodeManager
@@ -308,11 +308,11 @@ def test_resume_twice_boots_once_and_bills_busy_and_idle_exactly(env: Any) -> No
     kinds = [e["kind"] for e in events(env.svc)]
     assert kinds == ["node_resume", "node_resume_repeat", "node_busy", "node_idle", "node_suspend"]
     with env.svc.sessions() as s:
-        (row,) = ns.node_cost(s, None, env.clock.now())
+        (row,) = nodecost.node_cost(s, None, env.clock.now())
     assert (row.node_s, row.busy_s, row.idle_s, row.idle_cost_micros, row.cost_micros) == (100, 60, 40, 40_000, 100_000)
     # A window cuts the stretches: +50 .. +90 is 20 s busy and 20 s idle.
     with env.svc.sessions() as s:
-        (row,) = ns.node_cost(s, T0 + timedelta(seconds=50), T0 + timedelta(seconds=90))
+        (row,) = nodecost.node_cost(s, T0 + timedelta(seconds=50), T0 + timedelta(seconds=90))
     assert (row.busy_s, row.idle_s, row.idle_cost_micros) == (20, 20, 20_000)
 
 
