@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-
-from sqlalchemy.orm import Session
 
 from broker.config import Settings
 from broker.slurm.backend import NodeInfo
@@ -172,27 +170,16 @@ class MarketWatch:
 
 
 def build_market(
-    settings: Settings, observer: SpotObserver, session: Session, now: datetime, reclaim_rate: float, need: int = 1
+    settings: Settings, observer: SpotObserver, now: datetime, reclaim_rate: float,
+    prices: Mapping[str, int], need: int = 1,
 ) -> MarketView:
+    """The market as the policies read it: availability from ``observer``, the
+    reclaim rate, and ``prices`` (``spot_price_micros``/``ondemand_price_micros``
+    per GPU-hour, from the price book: ``broker.money.pricebook.market_prices``)."""
     fields: dict[str, object] = {
         "spot_reclaim_rate_per_hour": reclaim_rate,
         "step_s": max(1, int(settings.tick_seconds)),
     }
     fields.update(observer.summary(now, need))
-    fields.update(_prices(settings, session, now))
+    fields.update(prices)
     return MarketView(**fields)  # type: ignore[arg-type]
-
-
-def _prices(settings: Settings, session: Session, now: datetime) -> dict[str, int]:
-    """Per GPU-hour prices in force now, from the price book when it has them."""
-    from broker.money import pricebook
-
-    book = pricebook.load(session)
-    out: dict[str, int] = {}
-    spot = book.price_at(settings.spot_partition, "spot", now)
-    ondemand = book.price_at(settings.ondemand_partition, "ondemand", now)
-    if spot is not None:
-        out["spot_price_micros"] = spot
-    if ondemand is not None:
-        out["ondemand_price_micros"] = ondemand
-    return out

@@ -38,6 +38,7 @@ from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
 from broker.market import build_market
+from broker.money.pricebook import market_prices
 from policies import Action, Capacity, Placement
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,8 @@ def reconcile(svc: Services) -> None:
     unconfirmed: list[tuple[Job, Attempt]] = []
     with svc.tx() as s:
         history = reclaim_history(s, now)
-        svc.market.refresh(build_market(svc.settings, svc.market.observer, s, now, history.rate(1)), history, now)
+        prices = market_prices(s, svc.settings, now)
+        svc.market.refresh(build_market(svc.settings, svc.market.observer, now, history.rate(1), prices), history, now)
         active = active_with_latest(s)
         live = {job.id for job, _ in active}
         for job_id in [j for j in svc.tick_errors if j not in live]:

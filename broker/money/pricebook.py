@@ -42,3 +42,16 @@ def node_hour_price(
         return parse_money(rule.price_per_node_hour)
     per_gpu = book.price_at(partition, capacity, at)
     return None if per_gpu is None else per_gpu * max(gpus, 1)
+
+
+def market_prices(s: Session, settings: Settings, now: datetime) -> dict[str, int]:
+    """Per GPU-hour prices in force now for the policies' market view, where the book has them."""
+    book = load(s)
+    out: dict[str, int] = {}
+    spot = book.price_at(settings.spot_partition, "spot", now)
+    ondemand = book.price_at(settings.ondemand_partition, "ondemand", now)
+    if spot is not None:
+        out["spot_price_micros"] = spot
+    if ondemand is not None:
+        out["ondemand_price_micros"] = ondemand
+    return out

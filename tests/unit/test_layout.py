@@ -37,10 +37,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         "config checks a configured price_per_node_hour with the money parser, lazily; amount is "
         "standard-library only and belongs in the base layer (moving it there drops this entry)"
     ),
-    ("broker.market", "broker.money.budgets"): (
-        "build_market reads the price book through money.budgets.price_book, lazily; passing the prices "
-        "in from the caller (jobs) or reading the Price rows in market drops this entry"
-    ),
 }
 """Imports of a higher layer that the code has today."""
 
