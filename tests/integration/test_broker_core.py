@@ -258,18 +258,19 @@ def test_deadline_job_running_on_spot_is_moved_to_ondemand_before_a_reclaim_coul
         broker_daemon, slurm_cluster):
     """The policy is asked at every tick while the job runs (as in the simulator), not only after a reclaim.
 
-    Work 4 min, deadline in 7.5 min, changeover 1 min: once less than 5 min are
-    left, a reclaim would leave too little time for a rerun on on-demand, so
-    gbroker requeues the job there while it still fits. No reclaim happens.
+    Work 2 min, deadline in 4.5 min, changeover 1 min: once less than 3 min are
+    left (after about 90 s on spot), a reclaim would leave too little time for
+    a rerun on on-demand, so gbroker requeues the job there while it still
+    fits. No reclaim happens.
     """
     d = broker_daemon
     d.stop()
     d.start(GBROKER_POLICY="greedy")
-    work_s = 240
-    deadline_ts = time.time() + 450
+    work_s = 120
+    deadline_ts = time.time() + 270
     deadline = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(deadline_ts))
-    r = d.cli("submit", "--json", "--group", "vision", "--time", "4m", "--deadline", deadline,
-              "--name", "due-later", "--", "bash", "-c", "trap '' USR1; sleep 220")  # no checkpoints: ignores the warning
+    r = d.cli("submit", "--json", "--group", "vision", "--time", "2m", "--deadline", deadline,
+              "--name", "due-later", "--", "bash", "-c", "trap '' USR1; sleep 100")  # no checkpoints: ignores the warning
     assert r.code == 0, r.err
     job_id = r.json()["id"]
     assert r.json()["capacity"] == "spot"
