@@ -15,8 +15,9 @@ Every child gets:
   job, look at the user's files.
 
 Callers give the result its meaning: the Slurm door (``broker.slurm.runner``)
-turns exit codes into SlurmError / SlurmUnavailable, providers into their
-own errors. Standard library only.
+turns exit codes into SlurmError / SlurmUnavailable, the providers' site
+commands (``broker.nodes.providers.runner``) into ProviderCommandError, alerts
+and users' files into their own errors. Standard library only.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ class CommandNotRunnable(BrokerError):
     """The program does not exist or may not be executed (or its directory cannot be entered)."""
 
     def __init__(self, message: str, argv: Sequence[str], *, hint: str | None = None,
-                 missing_cwd: bool = False) -> None:
+                 missing_cwd: bool = False, denied: bool = False, os_error: str = "") -> None:
         super().__init__(message, hint=hint)
         self.argv = list(argv)
         self.missing_cwd = missing_cwd
+        self.denied = denied
+        """The program exists but may not be executed (else: it was not found)."""
+        self.os_error = os_error
+        """The operating system's own words, e.g. "[Errno 2] No such file or directory: '/x'"."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +162,14 @@ def run(
         )
     except OSError as exc:
         if cwd is not None and exc.filename == cwd:
-            raise CommandNotRunnable(exc.strerror or str(exc), args, missing_cwd=True,
+            raise CommandNotRunnable(exc.strerror or str(exc), args, missing_cwd=True, os_error=str(exc),
                                      hint="the directory must exist and be enterable") from None
         if isinstance(exc, FileNotFoundError):
-            raise CommandNotRunnable(f"program {args[0]!r} not found", args,
+            raise CommandNotRunnable(f"program {args[0]!r} not found", args, os_error=str(exc),
                                      hint="install it, or fix the configured path") from None
         if isinstance(exc, PermissionError):
-            raise CommandNotRunnable(f"program {args[0]!r} may not be executed", args,
+            raise CommandNotRunnable(f"program {args[0]!r} may not be executed", args, denied=True,
+                                     os_error=str(exc),
                                      hint="check its permissions and the configured path") from None
         raise
     stdout, stderr, truncated, timed_out = _pump(proc, input, start + timeout_s, max_output)

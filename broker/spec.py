@@ -10,7 +10,8 @@ Only the standard library is imported here, so ``gbroker submit`` starts fast.
 
 Durations follow Slurm: a bare number is *minutes* ("90" = 1h30m), as in
 ``sbatch --time=90``. Unit forms ("90s", "45m", "2h", "1h30m", "2d") and the
-Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work too.
+Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work too
+(``broker.durations`` reads them, for every part of gbroker).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
 
 T = TypeVar("T")
@@ -248,51 +250,6 @@ def spec_from_dict(
     A script must come as text: a bare path is refused, the client reads it.
     """
     return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=False).parse(data)
-
-
-# --------------------------------------------------------------------------- durations
-
-_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_CLOCK_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-DURATION_HELP = 'e.g. "90s", "45m", "2h", "1h30m", "2d", "02:00:00", "1-02:00:00" (a bare number is minutes, as in Slurm)'
-
-
-def parse_duration(text: str) -> int:
-    """A duration string -> whole seconds. Raises ValueError with a short reason."""
-    s = text.strip().lower()
-    if not s:
-        raise ValueError("empty")
-    if s.isdigit():
-        return int(s) * 60
-    m = _UNIT_RE.fullmatch(s)
-    if m and any(m.groups()):
-        return sum(int(v) * _UNIT_SECONDS[u] for v, u in zip(m.groups(), "dhms", strict=False) if v)
-    m = _CLOCK_RE.fullmatch(s)
-    if m:
-        days, a, b, c = m.groups()
-        if days is None and c is None:
-            hours, minutes, seconds = 0, int(a), int(b or 0)  # MM:SS
-        else:
-            hours, minutes, seconds = int(a), int(b or 0), int(c or 0)  # [D-]HH[:MM[:SS]]
-            if minutes > 59:
-                raise ValueError("minutes after an hour must be 0-59")
-        if seconds > 59:
-            raise ValueError("seconds must be 0-59")
-        return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-    raise ValueError("not a duration")
-
-
-def format_duration(seconds: int) -> str:
-    """3600 -> '1h', 5400 -> '1h30m', 90061 -> '1d1h1m1s'."""
-    if seconds <= 0:
-        return "0s"
-    parts = []
-    for unit in "dhms":
-        q, seconds = divmod(seconds, _UNIT_SECONDS[unit])
-        if q:
-            parts.append(f"{q}{unit}")
-    return "".join(parts)
 
 
 # --------------------------------------------------------------------------- #SBATCH guard

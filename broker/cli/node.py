@@ -3,9 +3,10 @@
 Thin like the rest of the CLI (no ORM). The hooks (`resume`, `suspend`,
 `resume-fail`) hand the node names to the daemon, which records the node
 events and calls the provider. When the daemon does not answer they call the
-provider themselves and append what they did to the node journal, which the
-daemon ingests on its next tick: a hook never fails because the daemon is
-down, and no billing event is lost.
+provider themselves, with the steps the daemon uses (``broker.nodes.power``),
+and append what they did to the node journal, which the daemon ingests on its
+next tick: a hook never fails because the daemon is down, and no billing
+event is lost.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import click
 
 from broker.cli.main import Context
 from broker.cli.output import duration, print_json, print_table
-from broker.errors import DaemonUnavailable
+from broker.errors import DaemonUnavailable, SlurmError
 from broker.money.amount import format_money
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -70,61 +71,28 @@ def _hook(ctx: Context, action: str, hostlists: tuple[str, ...], as_json: bool) 
 
 
 def _direct(ctx: Context, action: str, names: list[str], key: str) -> dict[str, Any]:
-    """The daemon is down: do the provider's part here and journal it for billing."""
+    """The daemon is down: do the provider's part here and journal it for billing (``broker.nodes.power``)."""
     from broker.config import load_settings
+    from broker.nodes import power
     from broker.nodes.providers import hooks
-    from broker.nodes.providers.base import ProviderError, ResumeIncomplete
+    from broker.slurm.cli_backend import CliBackend
 
     settings = load_settings(ctx.config_path)
     provider = hooks.make_provider(settings)
     at = datetime.now(UTC)
     if action != "resume":
-        provider.suspend(names)  # an error exits non-zero: nothing was terminated, nothing to journal
-        hooks.append_journal(settings.node_journal, hooks.journal_record(action, at, [{"name": n} for n in names], key))
-        return {"suspended": names}
-    facts = _facts(names)
-    targets = hooks.targets(settings, names, facts)
-    failures: dict[str, str] = {}
-    try:
-        instances = provider.resume([t.request for t in targets])
-    except ResumeIncomplete as exc:
-        instances, failures = exc.instances, {n: e.message for n, e in exc.failures.items()}
-    except ProviderError as exc:
-        instances, failures = [], {n: exc.message for n in names}
-    by_node = {i.node_name: i.instance_id for i in instances}
-    records = [
-        {"name": t.request.name, "partition": t.request.partition, "capacity": t.request.capacity.value,
-         "gpus": t.gpus, "instance_id": by_node.get(t.request.name), "error": failures.get(t.request.name)}
-        for t in targets
-    ]  # fmt: skip
-    hooks.append_journal(settings.node_journal, hooks.journal_record("resume", at, records, key))
-    if failures:
-        _mark_down(sorted(failures))
-    return {"resumed": by_node, "failed": failures}
+        # An error exits non-zero: nothing was terminated, nothing to journal.
+        return power.suspend_unattended(settings, provider, action, names, key, at)
+    return power.resume_unattended(settings, provider, CliBackend(), names, key, at,
+                                   facts_warn=_facts_warning, down_warn=_down_warning)
 
 
-def _facts(names: list[str]) -> dict[str, Any]:
-    from broker.errors import SlurmError
-    from broker.nodes.providers.hooks import NodeFacts
-    from broker.slurm.cli_backend import CliBackend
-
-    try:
-        infos = {n.name: n for n in CliBackend().nodes()}
-    except SlurmError as exc:
-        click.echo(f"gbroker node: cannot read node partitions from Slurm ({exc.message}); using defaults", err=True)
-        return {}
-    return {n: NodeFacts(tuple(infos[n].partitions), infos[n].gpus) for n in names if n in infos}
+def _facts_warning(exc: SlurmError) -> None:
+    click.echo(f"gbroker node: cannot read node partitions from Slurm ({exc.message}); using defaults", err=True)
 
 
-def _mark_down(names: list[str]) -> None:
-    from broker.errors import SlurmError
-    from broker.nodes.slurm import NodeSlurm
-    from broker.slurm.cli_backend import CliBackend
-
-    try:
-        NodeSlurm(CliBackend()).set_state(names, "DOWN", "gbroker: resume failed")
-    except SlurmError as exc:
-        click.echo(f"gbroker node: could not mark {', '.join(names)} down: {exc.message}", err=True)
+def _down_warning(names: list[str], exc: SlurmError) -> None:
+    click.echo(f"gbroker node: could not mark {', '.join(names)} down: {exc.message}", err=True)
 
 
 @node.command("resume")

@@ -1,4 +1,4 @@
-"""Printing for the CLI: aligned tables for people, JSON for programs."""
+"""Printing for the CLI: aligned tables for people (``broker.tables``), JSON for programs."""
 
 from __future__ import annotations
 
@@ -8,21 +8,11 @@ from typing import Any
 
 import click
 
+from broker.tables import table
+
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
-    for row in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-    return "\n".join(lines)
 
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:

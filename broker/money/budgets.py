@@ -36,6 +36,7 @@ from broker.db.ledger_models import (
     Semester,
 )
 from broker.db.models import Attempt, Job
+from broker.durations import parse_duration
 from broker.errors import NotFound
 from broker.money.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
@@ -126,8 +127,10 @@ class JobSize:
 def job_size(job: Job) -> JobSize:
     data = json.loads(job.spec_json)
     gpus = int(data.get("nodes", 1)) * int(data.get("gpus_per_node", 1))
-    limit = str(data.get("time_limit", "0s"))
-    seconds = int(limit[:-1]) if limit.endswith("s") and limit[:-1].isdigit() else 0
+    try:
+        seconds = parse_duration(str(data.get("time_limit", "0s")))  # stored as "<seconds>s"
+    except ValueError:
+        seconds = 0
     return JobSize(gpus, seconds)
 
 

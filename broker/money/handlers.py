@@ -13,12 +13,13 @@ import io
 import json
 import re
 from collections.abc import Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from broker import timeparse
 from broker.caller import Caller, Handler
 from broker.spec import account_name
 from broker.db import store
@@ -33,8 +34,6 @@ from broker.state import Services
 
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-RELATIVE_RE = re.compile(r"^\+(\d+)([smhd])$")
-UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_THRESHOLD_PCT = 1000
 PRICE_CSV_COLUMNS = ("partition", "capacity", "price_per_gpu_hour", "effective_from")
 
@@ -83,33 +82,21 @@ def _check_args(fn: Callable[..., Any], args: dict[str, Any]) -> None:
 
 
 def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False) -> datetime:
-    """'2026-09-01' (UTC midnight), an ISO time (UTC unless it names a zone), 'now', '+90s/+10m/+2h/+3d'.
+    """A request's time field (the forms of ``broker.timeparse``) in UTC, whole seconds.
 
-    Whole seconds only. ``end_of_day``: a bare date means the end of that day
-    (the first second of the next), as for a semester's last day.
+    ``end_of_day``: a bare date means the end of that day (the first second of
+    the next), as for a semester's last day.
     """
     if not isinstance(text, str) or not text.strip():
         raise SpecError(f"{field}: give a date or time, e.g. 2026-09-01 or 2026-09-01T08:00:00Z")
-    t = text.strip()
-    if t == "now":
-        return now.replace(microsecond=0)
-    m = RELATIVE_RE.match(t)
-    if m:
-        return (now + timedelta(seconds=int(m.group(1)) * UNIT_S[m.group(2)])).replace(microsecond=0)
     try:
-        if len(t) == 10:
-            d = date.fromisoformat(t)
-            out = datetime(d.year, d.month, d.day, tzinfo=UTC)
-            return out + timedelta(days=1) if end_of_day else out
-        dt = datetime.fromisoformat(t)
-    except ValueError:
+        when = timeparse.parse_when(text, now, end_of_day=end_of_day).astimezone(UTC)
+    except (ValueError, OverflowError):
         raise SpecError(
             f"{field}: {text!r} is not a date or time",
             hint="write 2026-09-01, 2026-09-01T08:00:00Z, now, or +10m",
         ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC).replace(microsecond=0)
+    return when.replace(microsecond=0)
 
 
 def _name(value: Any, field: str) -> str:

@@ -9,9 +9,10 @@ show node names, usernames and partition totals, as sinfo and squeue do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
+from broker import timeparse
 from broker.caller import Caller, Handler
 from broker.errors import SpecError
 from broker.money.amount import format_money
@@ -56,18 +57,13 @@ def _key(args: dict[str, Any]) -> str:
 
 
 def parse_when(text: str | None, now: datetime) -> datetime | None:
-    """'2026-09-01', an ISO time (UTC if no offset), or relative '-7d', '-12h', '-30m'."""
+    """A report bound (the forms of ``broker.timeparse``, e.g. 2026-09-01 or -7d); None when not given."""
     if text is None or text == "":
         return None
-    t = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if t.startswith("-") and t[-1:] in units and t[1:-1].isdigit():
-        return now - timedelta(seconds=int(t[1:-1]) * units[t[-1]])
     try:
-        when = datetime.fromisoformat(t)
+        return timeparse.parse_when(text, now)
     except ValueError:
         raise SpecError(f"cannot read the time {text!r}", hint="use 2026-09-01, 2026-09-01T08:00 or -7d") from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def report(svc: Services, since: str | None, until: str | None) -> dict[str, Any]:

@@ -13,7 +13,9 @@ One tick (every ``node_tick_seconds``):
    down that Slurm holds up with no instance behind them).
 
 Slurm's ResumeProgram/SuspendProgram reach :meth:`NodeManager.resume` /
-:meth:`NodeManager.suspend` through the socket (``broker.nodes.handlers``).
+:meth:`NodeManager.suspend` through the socket (``broker.nodes.handlers``);
+the steps they share with the hooks run while the daemon is down (reading
+node facts, launching, failing nodes) are in ``broker.nodes.power``.
 Slurm stays the source of truth for node state; the provider only makes
 instances exist or not.
 """
@@ -31,7 +33,8 @@ from typing import Any
 from broker.db.node_models import SOURCE_HOOK, SOURCE_JOURNAL, SOURCE_OBSERVED, USAGE_BUSY, USAGE_IDLE
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.nodes.providers import hooks
-from broker.nodes.providers.base import Instance, Provider, ProviderError, ResumeIncomplete, sweep_plan
+from broker.nodes.providers.base import Instance, Provider, ProviderError, sweep_plan
+from broker.nodes import power
 from broker.nodes import sessions as ns
 from broker.nodes.policy import NodeView, PartitionRule, PendingJob, Power, plan_release
 from broker.nodes.slurm import NodeSlurm
@@ -53,7 +56,6 @@ log = logging.getLogger(__name__)
 TICK_ID = "nodes"
 MARK_DOWN_REASON = "gbroker: no instance behind the node"
 INTERRUPTION_REASON = "gbroker: spot interruption"
-RESUME_FAILED_REASON = "gbroker: resume failed"
 JOB_ON_NODE_STATES = frozenset(
     {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT"}
 )
@@ -379,14 +381,6 @@ class NodeManager:
 
     # ------------------------------------------------------------------ hooks
 
-    def facts(self, names: list[str]) -> dict[str, hooks.NodeFacts]:
-        try:
-            infos = {n.name: n for n in self.svc.backend.nodes()}
-        except SlurmError as exc:
-            log.warning("nodes: could not read node partitions (%s); using defaults", exc)
-            return {}
-        return {n: hooks.NodeFacts(tuple(infos[n].partitions), infos[n].gpus) for n in names if n in infos}
-
     def resume(self, names: list[str], key: str) -> dict[str, Any]:
         """ResumeProgram: a session per node (intent), then the provider, then the outcome.
 
@@ -398,7 +392,7 @@ class NodeManager:
         assert provider is not None
         with self.ops:
             self.ingest_journal()
-            facts = self.facts(names)
+            facts = power.read_facts(self.svc.backend, names, _facts_warning)
             at = ns.whole(self.svc.clock.now())
             generation: dict[str, str] = {}
             repeats: list[str] = []
@@ -417,15 +411,7 @@ class NodeManager:
                                      node=t.request.name, session=sess.id)
                     generation[t.request.name] = sess.open_key
             requests = [t.request for t in hooks.targets(self.settings, names, facts, generation)]
-            failures: dict[str, str] = {}
-            try:
-                instances = provider.resume(requests)
-            except ResumeIncomplete as exc:
-                instances = exc.instances
-                failures = {n: e.message for n, e in exc.failures.items()}
-            except ProviderError as exc:
-                instances = []
-                failures = {n: exc.message for n in names}
+            instances, failures = power.launch(provider, requests)
             with self.svc.tx() as s:
                 for inst in instances:
                     mine = ns.open_session_of(s, inst.node_name)
@@ -437,19 +423,12 @@ class NodeManager:
                     if failed is not None:
                         ns.close_session(s, failed, self.svc.clock.now(), f"resume failed: {why}")
             if failures:
-                self._fail_nodes(sorted(failures))
+                power.fail_nodes(self.slurm, sorted(failures), _down_warning)
         return {
             "resumed": {i.node_name: i.instance_id for i in instances},
             "repeated": repeats,
             "failed": failures,
         }
-
-    def _fail_nodes(self, names: list[str]) -> None:
-        """Jobs waiting for these nodes must go elsewhere: DOWN with a reason says why."""
-        try:
-            self.slurm.set_state(names, "DOWN", RESUME_FAILED_REASON)
-        except SlurmError as exc:
-            log.warning("nodes: could not mark %s down after a failed resume: %s", ", ".join(names), exc)
 
     def suspend(self, names: list[str], key: str, reason: str = "suspended by Slurm") -> dict[str, Any]:
         """SuspendProgram (and ResumeFailProgram): terminate through the provider, close the sessions."""
@@ -565,6 +544,14 @@ class NodeManager:
                 ns.close_session(s, current, at, reason, key=key)
                 changes += 1
         return changes
+
+
+def _facts_warning(exc: SlurmError) -> None:
+    log.warning("nodes: could not read node partitions (%s); using defaults", exc)
+
+
+def _down_warning(names: list[str], exc: SlurmError) -> None:
+    log.warning("nodes: could not mark %s down after a failed resume: %s", ", ".join(names), exc)
 
 
 def _key(*parts: str) -> str:

@@ -12,7 +12,7 @@ import io
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from broker.cli.output import table
+from broker.tables import table
 
 MICROS = Decimal(1_000_000)
 

@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Sequence
 
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for k, r in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from broker.tables import table
 
 
 def pct(x: float | None) -> str:
@@ -40,8 +30,9 @@ def summary_table(out: dict[str, Any]) -> str:
         for r in out["summary"]
     ]
     body = table(
-        ["policy", "cost/on-demand", "gap to optimum", "deadlines met", "spot h", "on-demand h", "mean $"],
         rows,
+        ["policy", "cost/on-demand", "gap to optimum", "deadlines met", "spot h", "on-demand h", "mean $"],
+        numbers=True, rule=True,
     )
     tail = f"({out['seconds']} s)"
     if out.get("skipped_traces"):
@@ -64,7 +55,8 @@ def workload_table(out: dict[str, Any]) -> str:
         for r in out["summary"]
     ]
     body = table(
-        ["policy", "total $", "cost/on-demand", "deadlines met", "GPU-h lost", "spot GPU-h", "on-demand GPU-h", "reclaims"],
         rows,
+        ["policy", "total $", "cost/on-demand", "deadlines met", "GPU-h lost", "spot GPU-h", "on-demand GPU-h", "reclaims"],
+        numbers=True, rule=True,
     )
     return f"{out['jobs']} jobs on {out['trace']}\n{body}\n({out['seconds']} s)"

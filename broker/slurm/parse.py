@@ -18,6 +18,7 @@ import logging
 import re
 from datetime import UTC, datetime
 
+from broker.durations import parse_duration
 from broker.slurm import hostlist, statemap
 from broker.slurm.backend import NodeInfo, SacctRow, SlurmJob
 
@@ -69,30 +70,16 @@ def parse_time(value: str) -> datetime | None:
 def parse_duration_s(value: str) -> int | None:
     """``1-02:03:04`` / ``02:03:04`` / ``03:04`` / ``1-02`` / ``90`` (minutes) -> seconds.
 
-    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and friends -> None.
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` and friends -> None. The grammar is
+    ``broker.durations``'; fields past 59 are taken as they are, as Slurm does.
     """
     v = value.strip()
     if v.lower() in _NO_VALUE or v.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT"):
         return None
-    days = 0
-    rest = v
-    has_days = "-" in v
-    if has_days:
-        d, rest = v.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in rest.split(":")]
-    if len(parts) == 3:
-        h, m, s = parts
-    elif len(parts) == 2:
-        if has_days:
-            h, m, s = parts[0], parts[1], 0
-        else:
-            h, m, s = 0, parts[0], parts[1]
-    elif len(parts) == 1:
-        h, m, s = (parts[0], 0, 0) if has_days else (0, parts[0], 0)
-    else:
-        raise ValueError(f"not a Slurm duration: {value!r}")
-    return ((days * 24 + h) * 60 + m) * 60 + s
+    try:
+        return parse_duration(v, strict=False)
+    except ValueError as exc:
+        raise ValueError(f"not a Slurm duration: {value!r} ({exc})") from None
 
 
 def parse_exit_code(value: str) -> tuple[int, int]:

@@ -17,7 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from broker.slurm.hostlist import compress, slurm_sorted
 from tests.integration.conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -194,6 +197,37 @@ def test_missing_partition_is_refused(slurm_cluster: SlurmCluster) -> None:
     proc = slurm_cluster.run(["sbatch", "-p", "nosuchpartition", "--wrap", "true"], check=False)
     assert proc.returncode != 0
     assert "invalid partition" in proc.stderr.lower(), proc.stderr
+
+
+_HOSTNAMES = st.lists(
+    st.builds(lambda prefix, number, pad: prefix + str(number).zfill(pad),
+              st.sampled_from(["spot", "od", "gpu-a", "r1n", "r10n", "a", "a0", ""]),
+              st.integers(0, 1200), st.sampled_from([0, 0, 0, 2, 3]))
+    | st.sampled_from(["spot", "login"])
+    | st.from_regex(r"[a-z][a-z0-9_.-]{0,6}[0-9]{0,3}", fullmatch=True),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=_HOSTNAMES)
+def test_compressed_hostlists_read_back_through_scontrol(slurm_cluster: SlurmCluster, names: list[str]) -> None:
+    """broker.slurm.hostlist.compress writes what Slurm reads back to the same names, in Slurm's order,
+    and what Slurm itself would write: `scontrol show hostlistsorted` leaves it as it is."""
+    text = compress(names)
+    assert slurm_cluster.run(["scontrol", "show", "hostnames", text]).stdout.split() == slurm_sorted(names)
+    assert slurm_cluster.run(["scontrol", "show", "hostlistsorted", text]).stdout.strip() == text
+
+
+def test_compressed_hostlists_name_the_cluster_nodes(slurm_cluster: SlurmCluster) -> None:
+    text = compress(list(slurm_cluster.nodes))
+    assert text == "od[1-2],spot[1-4]"
+    listed = slurm_cluster.run(["sinfo", "-h", "-N", "-n", text, "-o", "%N"]).stdout.split()
+    assert set(listed) == set(slurm_cluster.nodes)
+    spot199 = compress([f"spot{i}" for i in range(1, 200)])
+    assert spot199 == "spot[1-199]"
+    assert slurm_cluster.run(["scontrol", "show", "hostnames", spot199]).stdout.split() == [
+        f"spot{i}" for i in range(1, 200)]
 
 
 SLURM_DAEMONS = {"slurmctld", "slurmdbd", "slurmd", "slurmstepd", "slurmscriptd"}

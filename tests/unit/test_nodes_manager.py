@@ -431,8 +431,8 @@ def test_cli_hook_with_the_daemon_down_calls_the_provider_and_journals(env: Any,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """`gbroker node resume|suspend` with no daemon: the local provider's spool gets the requests,
     the journal gets the events, and the daemon's next tick bills them."""
-    from broker.cli import node as node_cli
     from broker.cli.main import cli
+    from broker.nodes import power
 
     state = tmp_path / "devcluster"
     (state / "cloud").mkdir(parents=True)
@@ -440,7 +440,8 @@ def test_cli_hook_with_the_daemon_down_calls_the_provider_and_journals(env: Any,
     journal = tmp_path / "hook-journal.jsonl"
     conf.write_text(f'node_provider = "local"\nnode_journal = "{journal}"\n'
                     f'[providers.local]\nstate_dir = "{state}"\n')
-    monkeypatch.setattr(node_cli, "_facts", lambda names: {n: hooks.NodeFacts(("spot", "urgent"), 4) for n in names})
+    monkeypatch.setattr(power, "read_facts",
+                        lambda backend, names, warn: {n: hooks.NodeFacts(("spot", "urgent"), 4) for n in names})
     runner = CliRunner()
     r = runner.invoke(cli, ["--socket", str(tmp_path / "no.sock"), "--config", str(conf), "node", "resume", "spot[1-2]"])
     assert r.exit_code == 0, r.output
@@ -456,6 +457,54 @@ def test_cli_hook_with_the_daemon_down_calls_the_provider_and_journals(env: Any,
     assert env.m.ingest_journal() == 3
     by_node = {x.node: x for x in sessions(env.svc)}
     assert by_node["spot1"].suspended_at is not None and by_node["spot2"].suspended_at is None
+
+
+def test_unattended_resume_journals_each_outcome_and_marks_the_failed_down(env: Any) -> None:
+    """The steps a hook takes with the daemon down are the daemon's own (broker.nodes.power)."""
+    from broker.nodes import power
+
+    env.slurm.add("spot1", "IDLE+CLOUD+POWERED_DOWN")
+    env.slurm.add("spot2", "IDLE+CLOUD+POWERED_DOWN")
+    env.cloud.fail["spot2"] = "no spot capacity"
+    warned: list[Any] = []
+    out = power.resume_unattended(env.svc.settings, env.cloud, env.slurm, ["spot1", "spot2"], "kunattended", T0,
+                                  facts_warn=warned.append, down_warn=lambda names, exc: warned.append(names))
+    assert out == {"resumed": {"spot1": "i-1"}, "failed": {"spot2": "no spot capacity"}} and warned == []
+    assert env.slurm.scontrol_states() == [
+        ["scontrol", "update", "NodeName=spot2", "State=DOWN", "Reason=gbroker: resume failed"]]
+    (rec,) = [json.loads(x) for x in Path(env.svc.settings.node_journal).read_text().splitlines()]
+    assert rec["id"] == "kunattended" and rec["action"] == "resume"
+    assert rec["nodes"] == [
+        {"name": "spot1", "partition": "spot", "capacity": "spot", "gpus": 4, "instance_id": "i-1", "error": None},
+        {"name": "spot2", "partition": "spot", "capacity": "spot", "gpus": 4, "instance_id": None,
+         "error": "no spot capacity"},
+    ]
+    assert env.m.ingest_journal() == 2  # spot1's session, spot2's failure
+    assert [x.node for x in sessions(env.svc)] == ["spot1"]
+
+
+def test_power_steps_report_what_slurm_refused(env: Any) -> None:
+    from broker.errors import SlurmError
+    from broker.nodes import power
+    from broker.nodes.slurm import NodeSlurm
+
+    class Refusing(FakeSlurm):
+        def nodes(self) -> list[NodeInfo]:
+            raise SlurmError("sinfo: no answer", argv=["sinfo"])
+
+    class RefusingRunner(FakeRunner):
+        def run(self, argv: list[str], **kw: Any) -> CompletedRun:
+            raise SlurmError("scontrol: no", argv=argv)
+
+    warned: list[Any] = []
+    assert power.read_facts(Refusing(), ["spot1"], warned.append) == {}
+    assert [str(w) for w in warned] == ["sinfo: no answer"]
+    slurm = FakeSlurm()
+    slurm.runner = RefusingRunner()
+    power.fail_nodes(NodeSlurm(slurm), ["spot1", "spot2"], lambda names, exc: warned.append((names, exc.message)))
+    assert warned[1] == (["spot1", "spot2"], "scontrol: no")
+    env.cloud.fail["spot3"] = "quota"
+    assert power.launch(env.cloud, [NodeRequest("spot3", "spot", Capacity.SPOT)]) == ([], {"spot3": "quota"})
 
 
 # --------------------------------------------------------------------------- provider side

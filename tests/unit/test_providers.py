@@ -418,6 +418,26 @@ def test_command_missing_program_and_bad_argv(tmp_path: Path) -> None:
         CommandProvider([], ["s"], ["l"])
 
 
+def test_site_commands_run_through_the_one_process_door(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker import proc
+    from broker.nodes.providers.runner import run_argv
+
+    monkeypatch.setenv("GB_FROM_DAEMON", "yes")
+    res = run_argv([sys.executable, "-c", "import os, sys; sys.stdout.write(sys.stdin.read() + os.environ['GB_FROM_DAEMON']"
+                    " + os.environ['GB_EXTRA'] + '\\r\\n')"], stdin="in:", env={"GB_EXTRA": "+x"})
+    assert res.stdout == "in:yes+x\n" and res.stderr == ""
+    script = tmp_path / "cloud"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    with pytest.raises(ProviderCommandError, match="not executable") as info:
+        run_argv([str(script)])
+    assert info.value.returncode is None and "Permission denied" in info.value.stderr
+    assert "chmod +x" in (info.value.hint or "")
+    with pytest.raises(ProviderCommandError, match="more than 1000 bytes"):
+        run_argv(["yes"], timeout_s=30, max_output=1000)
+    assert proc.DEFAULT_MAX_OUTPUT == 16 * 1024 * 1024  # the default bound
+
+
 # --------------------------------------------------------------------------- aws (pure parts)
 
 

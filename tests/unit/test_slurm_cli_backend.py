@@ -233,7 +233,7 @@ def test_power_actions() -> None:
     b.power_down(["spot3"], force=True)
     b.power_up(["od1"])
     assert [c["argv"] for c in fake.calls] == [
-        ["scontrol", "update", "NodeName=spot1,spot2", "State=POWER_DOWN"],
+        ["scontrol", "update", "NodeName=spot[1-2]", "State=POWER_DOWN"],
         ["scontrol", "update", "NodeName=spot3", "State=POWER_DOWN_FORCE"],
         ["scontrol", "update", "NodeName=od1", "State=POWER_UP"],
     ]

@@ -1,17 +1,19 @@
-"""The one way providers run site commands: argv list, no shell, a timeout.
+"""How providers run site commands: through ``broker.proc``, with provider errors.
 
-Errors carry argv, exit code and stderr so the operator can rerun the exact
-command by hand.
+``broker.proc`` gives the argv list (no shell), the deadline that kills the
+command's whole session and the bound on its output. Here a command that
+cannot start, runs out of time, prints too much or exits non-zero becomes a
+ProviderCommandError carrying argv, exit code and stderr, so the operator
+can rerun the exact command by hand.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from broker import proc
 from broker.nodes.providers.base import ProviderCommandError
 
 DEFAULT_TIMEOUT_SECONDS = 120
@@ -26,6 +28,11 @@ class CommandResult:
     stderr: str
 
 
+def _text(data: bytes) -> str:
+    """Output as text, with the newlines read as universal ones (``\\r\\n`` and ``\\r`` are ``\\n``)."""
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def run_argv(
     argv: Sequence[str],
     *,
@@ -33,70 +40,64 @@ def run_argv(
     timeout_s: float = DEFAULT_TIMEOUT_SECONDS,
     env: Mapping[str, str] | None = None,
     what: str = "provider command",
+    max_output: int = proc.DEFAULT_MAX_OUTPUT,
 ) -> CommandResult:
     """Run ``argv`` (never through a shell); raise ProviderCommandError unless it exits 0.
 
-    The command runs in its own session so a timeout kills everything it
-    started, not just the first process.
+    The command gets the daemon's environment plus ``env`` (site commands
+    need their cloud's credentials). It runs in its own session, so a
+    timeout kills everything it started, not just the first process. Past
+    ``max_output`` bytes on stdout or stderr it is stopped.
     """
     argv = [str(a) for a in argv]
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=full_env,
-            start_new_session=True,
-        )
-    except FileNotFoundError as exc:
+        result = proc.run(argv, env=full_env, timeout_s=timeout_s, max_output=max_output,
+                          input=None if stdin is None else stdin.encode("utf-8"))
+    except proc.CommandNotRunnable as exc:
+        if exc.denied:
+            raise ProviderCommandError(
+                f"{what} is not executable: {argv[0]}",
+                argv=argv,
+                returncode=None,
+                stderr=exc.os_error,
+                hint=f"chmod +x {argv[0]}, or put the interpreter first in the argv list",
+            ) from exc
         raise ProviderCommandError(
             f"{what} not found: {argv[0]}",
             argv=argv,
             returncode=None,
-            stderr=str(exc),
+            stderr=exc.os_error,
             hint="check the path in the provider settings (use an absolute path)",
         ) from exc
-    except PermissionError as exc:
-        raise ProviderCommandError(
-            f"{what} is not executable: {argv[0]}",
-            argv=argv,
-            returncode=None,
-            stderr=str(exc),
-            hint=f"chmod +x {argv[0]}, or put the interpreter first in the argv list",
-        ) from exc
-    try:
-        stdout, stderr = proc.communicate(input=stdin, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
-        stdout, stderr = proc.communicate()
+    stdout, stderr = _text(result.stdout), _text(result.stderr)
+    if result.timed_out:
         raise ProviderCommandError(
             f"{what} timed out after {timeout_s:g} s: {' '.join(argv)}",
             argv=argv,
             returncode=None,
-            stderr=(stderr or "")[-STDERR_TAIL_CHARS:],
+            stderr=stderr[-STDERR_TAIL_CHARS:],
             hint="the command must finish within the timeout; raise timeout_s or make it return "
             "once the request is accepted",
-        ) from None
-    if proc.returncode != 0:
-        tail = (stderr or "").strip()[-STDERR_TAIL_CHARS:]
+        )
+    if result.truncated:
         raise ProviderCommandError(
-            f"{what} failed with exit code {proc.returncode}: {' '.join(argv)}"
+            f"{what} printed more than {max_output} bytes and was stopped: {' '.join(argv)}",
+            argv=argv,
+            returncode=None,
+            stderr=stderr[-STDERR_TAIL_CHARS:],
+            hint="a provider command prints a short answer (see docs/PROVIDERS.md); run it by hand to see why not",
+        )
+    if result.returncode != 0:
+        tail = stderr.strip()[-STDERR_TAIL_CHARS:]
+        raise ProviderCommandError(
+            f"{what} failed with exit code {result.returncode}: {' '.join(argv)}"
             + (f"\n  stderr: {tail}" if tail else ""),
             argv=argv,
-            returncode=proc.returncode,
+            returncode=result.returncode,
             stderr=tail,
             hint="run the command by hand to see the problem; it must exit 0 on success",
         )
-    return CommandResult(argv=argv, stdout=stdout or "", stderr=stderr or "")
-
-
-def _kill_session(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    return CommandResult(argv=argv, stdout=stdout, stderr=stderr)
