@@ -53,19 +53,23 @@ def _utc(dt: datetime) -> datetime:
 
 
 # -- an attempt on its way ------------------------------------------------------------
-def attempt_submitted(s: Session, job: Job, att: Attempt, slurm_id: int, now: datetime) -> None:
+def attempt_submitted(s: Session, job: Job, att: Attempt, slurm_id: int, now: datetime) -> bool:
     """sbatch took the attempt as Slurm job ``slurm_id``: it is pending, and so is a job not yet in Slurm.
 
-    An attempt cancelled while its sbatch ran keeps its end; the Slurm id is recorded all the same.
+    False when the attempt was cancelled while its sbatch ran: it keeps its end,
+    the Slurm id is recorded all the same, and the caller must cancel that
+    Slurm job (nobody else knows of it).
     """
     att.slurm_job_id = slurm_id
     att.submitted_at = now
-    if AttemptState(att.state) not in ATTEMPT_TERMINAL:
+    wanted = AttemptState(att.state) not in ATTEMPT_TERMINAL
+    if wanted:
         _to(att, AttemptState.PENDING)
-    if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
-        store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
+        if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
+            store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
     store.add_event(s, "submitted", f"attempt {att.number} is Slurm job {slurm_id} on {att.partition}",
                     now=now, job_id=job.id)
+    return wanted
 
 
 def attempt_pending(att: Attempt) -> None:

@@ -233,10 +233,15 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         now = svc.clock.now()
         with svc.tx() as s:
             job = must_get(s, Job, job_id)
-            lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, now)
+            wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, now)
         committed = True
     finally:
         svc.sbatch_finished(attempt_id, committed=committed)
+    if not wanted:
+        # Cancelled while sbatch ran: the cancel found no Slurm id to stop. This id is the
+        # one our own sbatch (as the owner, clean environment) just answered for this attempt.
+        log.info("job %s: cancelled during its sbatch; cancelling Slurm job %s", job_id, slurm_id)
+        svc.backend.cancel([slurm_id])
     svc.crash.reach("after_commit")
     return slurm_id
 
