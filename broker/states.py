@@ -49,6 +49,8 @@ class AttemptState(str, Enum):
     """Intent stored; sbatch not yet confirmed."""
     PENDING = "pending"
     RUNNING = "running"
+    MOVING = "moving"
+    """Running on spot; gbroker is requeueing it onto on-demand to keep the deadline."""
     COMPLETED = "completed"
     FAILED = "failed"
     RECLAIMED = "reclaimed"
@@ -68,9 +70,6 @@ class AttemptState(str, Enum):
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
 
-
-MOVING_OUTCOME = "moving to on-demand"
-"""``Attempt.outcome`` of a running spot attempt gbroker is requeueing onto on-demand."""
 
 ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
     {
@@ -103,6 +102,28 @@ for _t in TERMINAL:
 
 def can_move(src: JobState, dst: JobState) -> bool:
     return src == dst or dst in ALLOWED[src]
+
+
+ATTEMPT_RUNNING: frozenset[AttemptState] = frozenset({AttemptState.RUNNING, AttemptState.MOVING})
+"""An attempt whose run holds its nodes now (a moving one runs until Slurm has requeued it)."""
+
+_A = AttemptState
+_ENDS = ATTEMPT_TERMINAL - {_A.MOVED}
+"""How any live attempt can end; only a moving one ends as moved."""
+ATTEMPT_ALLOWED: dict[AttemptState, frozenset[AttemptState]] = {
+    _A.SUBMITTING: frozenset({_A.PENDING, _A.RUNNING} | _ENDS),
+    _A.PENDING: frozenset({_A.RUNNING} | _ENDS),
+    _A.RUNNING: frozenset({_A.MOVING} | _ENDS),
+    _A.MOVING: ATTEMPT_TERMINAL,
+    _A.UNKNOWN: frozenset({_A.PENDING, _A.RUNNING} | _ENDS),
+}
+for _e in ATTEMPT_TERMINAL:
+    ATTEMPT_ALLOWED[_e] = frozenset()
+
+
+def can_move_attempt(src: AttemptState, dst: AttemptState) -> bool:
+    """Whether an attempt may go from ``src`` to ``dst`` (staying put is no move)."""
+    return src == dst or dst in ATTEMPT_ALLOWED[src]
 
 
 class NodeState(str, Enum):

@@ -7,13 +7,13 @@ from typing import Any
 from sqlalchemy import select
 
 from broker.caller import Caller, Handler
-from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
 from broker.state import Services, must_get
+from broker.jobs import lifecycle
 from broker.jobs.submit import submit
 from broker.jobs.views import job_detail, job_summary
-from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from broker.states import TERMINAL, JobState
 
 
 MAX_IDS_PER_REQUEST = 1000
@@ -150,10 +150,6 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
         for job_id in job_ids:
             job = must_get(s, Job, job_id)
             if JobState(job.state) not in TERMINAL:
-                for a in s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalars():
-                    if a.state not in ATTEMPT_TERMINAL:
-                        a.state = AttemptState.CANCELLED
-                        a.ended_at = a.ended_at or now
-                store.set_job_state(s, job, JobState.CANCELLED, f"cancelled by {caller.name}", now=now)
+                lifecycle.job_cancelled(s, job, f"cancelled by {caller.name}", now)
             out.append({"id": job.id, "state": job.state})
     return out

@@ -27,6 +27,7 @@ from broker.db.models import Attempt, Event, Job
 from broker.errors import BrokerError, SlurmError, SlurmUnavailable
 from broker.money import budgets
 from broker.state import Services, must_get
+from broker.jobs import lifecycle
 from broker.jobs.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
 from broker.ownership import is_ours
 from broker.jobs.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
@@ -36,7 +37,7 @@ from broker.slurm.backend import SacctRow, SlurmJob
 from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
-from broker.states import ATTEMPT_TERMINAL, MOVING_OUTCOME, TERMINAL, AttemptState, JobState
+from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 from broker.market import build_market
 from broker.money.pricebook import market_prices
 from policies import Action, Capacity, Placement
@@ -194,8 +195,7 @@ def _verify(s: Session, job: Job, att: Attempt, sj: SlurmJob, now: datetime) -> 
     why = (f"Slurm job {sj.job_id} belongs to {sj.user} (name {sj.name!r}), not to this job of "
            f"{job.owner_name}; gbroker will not touch it")
     log.error("job %s: %s", job.id, why)
-    att.state, att.ended_at, att.outcome = AttemptState.FAILED, now, why
-    store.set_job_state(s, job, JobState.FAILED, why, now=now)
+    lifecycle.job_ended(s, job, att, JobState.FAILED, why, now, ended_at=now, outcome=why)
     return False
 
 
@@ -270,13 +270,13 @@ def _follow(
     new_run = (
         sj.restarts > (att.slurm_restarts or 0)
         or sj.state_raw.startswith("REQUEUE")
-        or (att.state == AttemptState.RUNNING and sj.state == AttemptState.PENDING)
+        or (att.state in ATTEMPT_RUNNING and sj.state == AttemptState.PENDING)
     )
     if new_run:
         # Slurm requeued it (node failure = spot reclaim, or preemption): the attempt is over.
         need_history[sj.job_id] = (job, att)
         return
-    if running and att.state != AttemptState.RUNNING and not _started_again(sj, job, att):
+    if running and att.state not in ATTEMPT_RUNNING and not _started_again(sj, job, att):
         # A requeued job still finishing its earlier run (COMPLETING, or RUNNING with that run's
         # start): this attempt has not started. Taking it for running would make a phantom run.
         return
@@ -284,19 +284,11 @@ def _follow(
         att.nodes = ",".join(sj.nodes)
         _move(s, job, JobState.PENDING, f"waiting for {att.nodes} to boot", now)
     elif running:
-        started = _utc(sj.start_time) or now
-        if att.started_at != started:
-            att.started_at = started  # the real start, once the node has booted
-        if att.state != AttemptState.RUNNING:
-            att.state = AttemptState.RUNNING
-            att.nodes = ",".join(sj.nodes)
-            store.add_event(s, "running", f"attempt {att.number} runs on {att.nodes}", now=now, job_id=job.id)
-        _move(s, job, JobState.RUNNING, f"running on {','.join(sj.nodes)}", now)
+        lifecycle.attempt_running(s, job, att, ",".join(sj.nodes), _utc(sj.start_time) or now, now)
         if job.deadline is not None and att.capacity == Capacity.SPOT:
             _deadline_while_running(s, svc, job, att, sj, now, plan)
     elif sj.state == AttemptState.PENDING:
-        if att.state == AttemptState.SUBMITTING:
-            att.state = AttemptState.PENDING
+        lifecycle.attempt_pending(att)
         if is_failure_hold(sj.reason):
             _release_failure_hold(s, job, sj, now, plan)
             return
@@ -395,10 +387,10 @@ def _deadline_while_running(
     When it says on-demand (above all when a reclaim now would leave too
     little time to finish there), requeue the job: the program gets TERM to
     checkpoint, and the next run starts on on-demand. The decision is stored
-    on the attempt first and the requeue repeated each tick until Slurm has
-    done it. A forced partition (the user's choice) is never moved.
+    first (the attempt is moving) and the requeue repeated each tick until
+    Slurm has done it. A forced partition (the user's choice) is never moved.
     """
-    if att.outcome == MOVING_OUTCOME:
+    if att.state == AttemptState.MOVING:
         plan.off_spot.append(sj.job_id)
         return
     spec = stored_spec(job)
@@ -412,13 +404,8 @@ def _deadline_while_running(
         return
     if _quota_holds(s, job, now, "it keeps running on spot"):
         return
-    att.outcome = MOVING_OUTCOME
+    lifecycle.attempt_moving(s, job, att, svc.settings.ondemand_partition, placement.reason, now)
     plan.off_spot.append(sj.job_id)
-    store.add_event(
-        s, "fallback",
-        f"running on spot; requeued to {svc.settings.ondemand_partition} to meet the deadline ({placement.reason})",
-        now=now, job_id=job.id,
-    )
 
 
 QUOTA_HELD = "quota_held"
@@ -492,40 +479,28 @@ def _settle(
     att.exit_code = final.exit_code
     state = final.state
     if state == AttemptState.COMPLETED:
-        att.state = state
-        job.done_s = max(job.done_s or 0, _run_s(att))
-        store.set_job_state(s, job, JobState.COMPLETED, "completed", now=now)
+        lifecycle.job_completed(s, job, att, now)
     elif state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
-        att.state = state
         att.lost_s = _lost_s(att, saves)
-        job.reclaims = (job.reclaims or 0) + 1
+        lifecycle.attempt_reclaimed(job, att, state)
         _recover(s, svc, job, att, now, plan, requeued=None)
     elif state == AttemptState.FAILED and final.exit_code == RESUME_EXIT:
         _continued(s, svc, job, att, None, now, plan, f"it saved and exited {RESUME_EXIT}")
     elif state == AttemptState.FAILED and final.exit_code == TIMED_OUT_EXIT:
-        att.state = AttemptState.TIMEOUT
-        store.set_job_state(s, job, JobState.TIMEOUT, "ran out of its time limit: it ended after the "
-                            "time-limit warning without saving to go on", now=now)
+        lifecycle.job_ended(s, job, att, JobState.TIMEOUT, "ran out of its time limit: it ended after the "
+                            "time-limit warning without saving to go on", now)
     elif state == AttemptState.CANCELLED:
-        att.state = state
-        store.set_job_state(s, job, JobState.CANCELLED, f"cancelled in Slurm ({final.state_raw})", now=now)
+        lifecycle.job_ended(s, job, att, JobState.CANCELLED, f"cancelled in Slurm ({final.state_raw})", now)
     elif state == AttemptState.TIMEOUT:
-        att.state = state
-        store.set_job_state(s, job, JobState.TIMEOUT, "ran out of its time limit", now=now)
+        lifecycle.job_ended(s, job, att, JobState.TIMEOUT, "ran out of its time limit", now)
     elif state == AttemptState.FAILED:
-        att.state = state
         job.failures = (job.failures or 0) + 1
         spec = stored_spec(job)
         if job.failures > spec.max_retries:
-            store.set_job_state(
-                s, job, JobState.FAILED,
-                f"the program failed {job.failures} times (last exit {final.exit_code}); "
-                f"see {log_path_of(job)}",
-                now=now,
-            )
+            lifecycle.job_ended(s, job, att, JobState.FAILED, f"the program failed {job.failures} times (last exit "
+                                f"{final.exit_code}); see {log_path_of(job)}", now)
         else:
-            nxt = store.add_attempt(s, job, partition=att.partition, capacity=att.capacity, now=now)
-            store.set_job_state(s, job, JobState.RECOVERING, f"retry {job.failures} after exit {final.exit_code}", now=now)
+            nxt = lifecycle.attempt_retried(s, job, att, f"retry {job.failures} after exit {final.exit_code}", now)
             s.flush()
             plan.sbatch.append((job.id, nxt.id))
     else:
@@ -569,22 +544,20 @@ def _requeued(
         _lost_by_slurm(s, svc, job, att, saves, sj, now, plan, sj.reason)
         return
     att.lost_s = _lost_s(att, saves)
-    if att.outcome == MOVING_OUTCOME and cause == "REQUEUED":
+    if att.state == AttemptState.MOVING and cause == "REQUEUED":
         # Our own requeue, not a reclaim: the next run is on on-demand.
-        att.state = AttemptState.MOVED
-        _moved_to_ondemand(s, svc, job, att, sj, now, plan)
+        partition = svc.settings.ondemand_partition
+        lifecycle.attempt_moved(s, job, att, partition, now)
+        _next_attempt(s, svc, job, Capacity.ONDEMAND, f"moving to {partition} to meet the deadline", sj,
+                      start_now=True, now=now, plan=plan)
         return
     if cause == "REQUEUED":
         # Requeued by the program itself (or its owner): it goes on, nothing was taken from it.
         _continued(s, svc, job, att, sj, now, plan, "it requeued itself")
         return
-    att.state = last.state if last is not None and last.state == AttemptState.PREEMPTED else AttemptState.RECLAIMED
-    job.reclaims = (job.reclaims or 0) + 1
+    preempted = last is not None and last.state == AttemptState.PREEMPTED
+    lifecycle.attempt_reclaimed(job, att, AttemptState.PREEMPTED if preempted else AttemptState.RECLAIMED)
     _recover(s, svc, job, att, now, plan, requeued=sj)
-
-
-MAX_CONTINUATIONS = 200
-"""Runs a job may go on to by itself (time-limit continuations) before gbroker stops it."""
 
 
 def _continued(
@@ -597,19 +570,10 @@ def _continued(
     it the program exited 75 and the next run is a new submission. Either way
     on the same capacity, at once.
     """
-    att.state, att.outcome, att.lost_s = AttemptState.CONTINUED, how, 0
-    done = s.execute(
-        select(func.count()).select_from(Attempt).where(Attempt.job_id == job.id,
-                                                        Attempt.state == AttemptState.CONTINUED)
-    ).scalar_one()
-    if done > MAX_CONTINUATIONS:
+    if not lifecycle.attempt_continued(s, job, att, how, now):
         if sj is not None:
             plan.cancel.append(sj.job_id)
-        store.set_job_state(s, job, JobState.FAILED, f"stopped after {done} runs that each asked to go on", now=now)
         return
-    store.add_event(s, AttemptState.CONTINUED.value,
-                    f"attempt {att.number} on {att.nodes or '?'} ended to go on in a new run ({how})",
-                    now=now, job_id=job.id)
     _next_attempt(s, svc, job, Capacity(att.capacity), f"continuing: {how}", sj, start_now=True, now=now,
                   plan=plan)
 
@@ -638,28 +602,11 @@ def _lost_by_slurm(
     """
     svc.unclear_since.pop(att.id, None)
     att.ended_at = att.ended_at or now
-    att.state, att.outcome = AttemptState.LOST, f"lost by Slurm: {why}"
-    att.lost_s = _lost_s(att, saves)
-    store.add_event(s, AttemptState.LOST.value, f"attempt {att.number} on {att.nodes or '?'} was lost by Slurm "
-                    f"({why}); it runs again on the same capacity", now=now, job_id=job.id)
+    lifecycle.attempt_lost(s, job, att, why, _lost_s(att, saves), now)
     _next_attempt(s, svc, job, Capacity(att.capacity), f"Slurm lost attempt {att.number}", sj,
                   start_now=True, now=now, plan=plan)
     if sj is not None:
         _release_failure_hold(s, job, sj, now, plan)
-
-
-def _moved_to_ondemand(
-    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
-) -> None:
-    partition = svc.settings.ondemand_partition
-    store.add_event(
-        s, AttemptState.MOVED.value,
-        f"attempt {att.number} moved off {att.nodes or 'spot'} ({att.lost_s}s of work since the checkpoint lost); "
-        f"next run on {partition}",
-        now=now, job_id=job.id,
-    )
-    _next_attempt(s, svc, job, Capacity.ONDEMAND, f"moving to {partition} to meet the deadline", sj,
-                  start_now=True, now=now, plan=plan)
 
 
 def _recover(
@@ -721,24 +668,16 @@ def _next_attempt(
 ) -> None:
     """Open the job's next attempt on `capacity` and plan what Slurm must do for it."""
     partition = svc.settings.partition_for(capacity.value)
-    nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
-    job.capacity, job.partition = capacity, partition
-    store.set_job_state(s, job, JobState.RECOVERING, reason, now=now)
+    nxt = lifecycle.attempt_next(s, job, capacity, partition, reason, now, requeued=requeued)
     if requeued is not None:
         # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
-        nxt.slurm_job_id = requeued.job_id
-        nxt.slurm_restarts = requeued.restarts
-        nxt.state = AttemptState.PENDING
         if requeued.state == AttemptState.PENDING:
             if partition != requeued.partition:
                 plan.to_ondemand.append(requeued.job_id)
             if start_now:
                 plan.start_now.append(requeued.job_id)
         elif _started_again(requeued, job, nxt):
-            nxt.state = AttemptState.RUNNING
-            nxt.started_at = _utc(requeued.start_time) or now
-            nxt.nodes = ",".join(requeued.nodes)
-            store.set_job_state(s, job, JobState.RUNNING, f"running on {nxt.nodes}", now=now)
+            lifecycle.attempt_restarted(s, job, nxt, ",".join(requeued.nodes), _utc(requeued.start_time) or now, now)
     else:
         s.flush()
         plan.sbatch.append((job.id, nxt.id))
@@ -759,12 +698,6 @@ def _started_again(sj: SlurmJob, job: Job, nxt: Attempt) -> bool:
     return start is not None and all(start >= e for e in ends if e is not None)
 
 
-def _run_s(att: Attempt) -> int:
-    if att.started_at is None or att.ended_at is None:
-        return 0
-    return max(0, int((_utc(att.ended_at) - _utc(att.started_at)).total_seconds()))  # type: ignore[operator]
-
-
 SAVE_CLOCK_SLACK_S = 5
 """A save stamped this much after the attempt's end still counts for it (node and controller clocks)."""
 
@@ -775,7 +708,7 @@ def _lost_s(att: Attempt, saves: SaveFacts | None) -> int:
     ``saves`` is what the checkpoint directory showed, learned as its owner;
     a save outside this attempt's run says nothing about it.
     """
-    run = _run_s(att)
+    run = lifecycle.run_s(att)
     saved = saves.saved_at if saves is not None else None
     if saved is None or att.started_at is None or att.ended_at is None:
         return run
@@ -828,9 +761,8 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
             with svc.tx() as s:
                 job = must_get(s, Job, job_id)
                 att = must_get(s, Attempt, attempt_id)
-                att.state = AttemptState.FAILED
-                att.ended_at = now
-                store.set_job_state(s, job, JobState.FAILED, f"the resubmission was refused: {why}", now=now)
+                lifecycle.job_ended(s, job, att, JobState.FAILED, f"the resubmission was refused: {why}", now,
+                                    ended_at=now)
 
 
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:

@@ -23,12 +23,13 @@ from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.money.admission import admit
 from broker.state import Services, must_get
+from broker.jobs import lifecycle
 from broker.jobs.placement import capacity_of_partition, job_view, market_view
 from broker.jobs.views import job_summary
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.script import render_batch_script
 from broker.spec import JobSpec, spec_from_dict
-from broker.states import AttemptState, JobState
+from broker.states import JobState
 from policies import Capacity
 
 log = logging.getLogger(__name__)
@@ -232,19 +233,15 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         now = svc.clock.now()
         with svc.tx() as s:
             job = must_get(s, Job, job_id)
-            attempt = must_get(s, Attempt, attempt_id)
-            attempt.slurm_job_id = slurm_id
-            attempt.submitted_at = now
-            attempt.state = AttemptState.PENDING
-            if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
-                store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
-            store.add_event(
-                s, "submitted", f"attempt {attempt.number} is Slurm job {slurm_id} on {attempt.partition}",
-                now=now, job_id=job.id,
-            )
+            wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, now)
         committed = True
     finally:
         svc.sbatch_finished(attempt_id, committed=committed)
+    if not wanted:
+        # Cancelled while sbatch ran: the cancel found no Slurm id to stop. This id is the
+        # one our own sbatch (as the owner, clean environment) just answered for this attempt.
+        log.info("job %s: cancelled during its sbatch; cancelling Slurm job %s", job_id, slurm_id)
+        svc.backend.cancel([slurm_id])
     svc.crash.reach("after_commit")
     return slurm_id
 

@@ -41,7 +41,7 @@ from broker.errors import NotFound
 from broker.money.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
 from broker.money.pricing import PriceBook
-from broker.states import MOVING_OUTCOME, TERMINAL
+from broker.states import TERMINAL, AttemptState
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
@@ -278,14 +278,14 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
     """(all, on-demand) GPUs of the account's jobs that are queued or running.
 
     A job still running on spot that gbroker is requeueing onto on-demand
-    counts as on-demand already: the quota is checked once, when the move is
+    (its attempt is ``moving``) counts as on-demand already: the quota is checked once, when the move is
     decided, and two moves must not both fit into the same room."""
     jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
     moving = set(
         s.execute(
             select(Attempt.job_id)
             .join(Job, Job.id == Attempt.job_id)
-            .where(Job.group_name == account, Attempt.outcome == MOVING_OUTCOME, Attempt.ended_at.is_(None))
+            .where(Job.group_name == account, Attempt.state == AttemptState.MOVING)
         ).scalars()
     )
     total = ondemand = 0

@@ -21,7 +21,7 @@ from broker.db.models import Attempt, Job
 from broker.money.amount import cost_micros, format_money
 from broker.money import budgets as B
 from broker.money.pricing import PriceBook
-from broker.states import AttemptState
+from broker.states import ATTEMPT_RUNNING
 
 DEFAULT_WINDOW = timedelta(days=7)
 SECONDS_PER_DAY = 86_400
@@ -58,7 +58,7 @@ def running_cost(
     q = (
         select(Attempt, Job)
         .join(Job, Job.id == Attempt.job_id)
-        .where(Job.group_name == account, Attempt.state == AttemptState.RUNNING, Attempt.started_at.is_not(None))
+        .where(Job.group_name == account, Attempt.state.in_(sorted(ATTEMPT_RUNNING)), Attempt.started_at.is_not(None))
     )
     total = 0
     for att, job in s.execute(q).all():

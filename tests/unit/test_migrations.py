@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from contextlib import redirect_stdout
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Integer, MetaData, String, inspect
+from sqlalchemy import Column, Integer, MetaData, String, inspect, text
 
 from broker.db.engine import make_engine
 from broker.db.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
@@ -139,3 +140,42 @@ def test_offline_sql_for_review(url: str) -> None:
     sql = out.getvalue()
     assert "CREATE TABLE jobs" in sql and "CREATE TABLE attempts" in sql
     assert "append-only" in sql
+
+
+def test_0005_gives_moving_attempts_their_own_state(db_url: str) -> None:
+    """A running attempt marked "moving to on-demand" (and not ended) becomes ``moving``; downgrade gives the mark back."""
+    from broker.db import store
+    from broker.db.engine import session_factory
+    from broker.spec import JobSpec
+    from broker.states import AttemptState, JobState
+    from policies.base import Capacity
+
+    now = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
+    moving = "moving to on-demand"
+    command.upgrade(alembic_config(db_url), "0004")
+    engine = make_engine(db_url)
+
+    def attempts() -> list[tuple[int, str, str | None]]:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT number, state, outcome FROM attempts ORDER BY number")).all()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    try:
+        with session_factory(engine).begin() as s:  # 0005 changes no table: today's models fit 0004
+            spec = JobSpec(name="t", kind="finetune", group="vision", time_limit_s=600, gpus_per_node=1, nodes=1,
+                           command=("true",))
+            job = store.create_job(s, key="gb-000000000001", spec=spec, owner_uid=1001, owner_name="ana", now=now,
+                                   state=JobState.RUNNING)
+            # (state, outcome, ended): being moved; moved (ended); reclaimed while being moved; plain running
+            for state, outcome, ended in [(AttemptState.RUNNING, moving, False), (AttemptState.RECLAIMED, moving, True),
+                                          (AttemptState.COMPLETED, None, True), (AttemptState.RUNNING, None, False)]:
+                att = store.add_attempt(s, job, partition="spot", capacity=Capacity.SPOT, now=now)
+                att.state, att.outcome, att.ended_at = state, outcome, now if ended else None
+        before = attempts()
+        command.upgrade(alembic_config(db_url), "0005")
+        assert attempts() == [(1, "moving", None), (2, "reclaimed", moving), (3, "completed", None),
+                              (4, "running", None)]
+        command.downgrade(alembic_config(db_url), "0004")
+        assert attempts() == before
+    finally:
+        engine.dispose()

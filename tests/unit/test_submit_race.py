@@ -111,3 +111,36 @@ def test_twenty_threads_submitting_while_ticks_run_give_one_slurm_job_each(world
     for o in outs:
         attempts = show(world, o["id"])["attempts"]
         assert [a["slurm_job_id"] for a in attempts] == [o["slurm_job_id"]]
+
+
+
+class CancelAt:
+    """A crash point that cancels every job (as alice, their owner) at a named point instead of dying."""
+
+    def __init__(self, w: World, point: str) -> None:
+        self.w, self.point, self.ran = w, point, 0
+
+    def reach(self, name: str) -> None:
+        if name == self.point and not self.ran:
+            from broker.db.models import Job
+            from broker.jobs.handlers import cancel_jobs
+            from ledger_fakes import caller
+
+            self.ran += 1
+            with self.w.svc.sessions() as s:
+                ids = [j.id for j in s.query(Job).all()]
+            cancel_jobs(self.w.svc, caller("alice"), ids)
+
+
+def test_a_job_cancelled_while_its_sbatch_runs_has_its_slurm_job_cancelled_too(world: World) -> None:
+    world.svc.crash = CancelAt(world, "after_sbatch")
+    out = world.submit()
+    assert world.svc.crash.ran == 1
+    job = show(world, out["id"])
+    assert job["state"] == JobState.CANCELLED.value
+    (slurm_job,) = world.slurm.jobs_by_id.values()
+    assert slurm_job.done and slurm_job.current.state_raw.startswith("CANCELLED"), "the Slurm job was left running"
+    assert job["attempts"][0]["state"] == "cancelled"
+    assert job["attempts"][0]["slurm_job_id"] == slurm_job.job_id
+    world.tick()
+    assert show(world, out["id"])["state"] == JobState.CANCELLED.value

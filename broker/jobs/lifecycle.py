@@ -1,0 +1,234 @@
+"""What happens to a job and its attempts: one named function per transition.
+
+Each function moves the attempt (checked against ``ATTEMPT_ALLOWED`` in
+``broker.states``), the job (through ``store.set_job_state``, checked against
+``ALLOWED``), their times and the event together, so a state never changes
+without the rest. Nothing else assigns a state (``tests/unit/test_lifecycle.py``
+scans the tree); the callers decide *when*, from what Slurm shows. A move of
+the job alone (seen waiting, held or unknown, given up) is one call of
+``store.set_job_state`` and needs no function here.
+
+A function that moves the job to a state it is in already only updates its
+reason (as ``store.set_job_state`` does), so the reconcile tick may call it
+at every tick.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.db import store
+from broker.db.models import Attempt, Job
+from broker.db.store import IllegalTransition
+from broker.slurm.backend import SlurmJob
+from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, AttemptState, JobState, can_move_attempt
+from policies import Capacity
+
+MAX_CONTINUATIONS = 200
+"""Runs a job may go on to by itself (time-limit continuations) before gbroker stops it."""
+
+
+def _to(att: Attempt, state: AttemptState) -> None:
+    old = AttemptState(att.state)
+    if not can_move_attempt(old, state):
+        raise IllegalTransition(
+            f"attempt {att.number} of job {att.job_id}: cannot move from {old.value} to {state.value}",
+            hint="this is a gbroker bug or a stale view of the job; reload it and retry",
+        )
+    att.state = state
+
+
+def run_s(att: Attempt) -> int:
+    """How long the attempt ran (0 when it has no start or no end yet)."""
+    if att.started_at is None or att.ended_at is None:
+        return 0
+    return max(0, int((_utc(att.ended_at) - _utc(att.started_at)).total_seconds()))
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+# -- an attempt on its way ------------------------------------------------------------
+def attempt_submitted(s: Session, job: Job, att: Attempt, slurm_id: int, now: datetime) -> bool:
+    """sbatch took the attempt as Slurm job ``slurm_id``: it is pending, and so is a job not yet in Slurm.
+
+    False when the attempt was cancelled while its sbatch ran: it keeps its end,
+    the Slurm id is recorded all the same, and the caller must cancel that
+    Slurm job (nobody else knows of it).
+    """
+    att.slurm_job_id = slurm_id
+    att.submitted_at = now
+    wanted = AttemptState(att.state) not in ATTEMPT_TERMINAL
+    if wanted:
+        _to(att, AttemptState.PENDING)
+        if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
+            store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
+    store.add_event(s, "submitted", f"attempt {att.number} is Slurm job {slurm_id} on {att.partition}",
+                    now=now, job_id=job.id)
+    return wanted
+
+
+def attempt_pending(att: Attempt) -> None:
+    """Slurm lists the attempt as waiting: a submitting one is pending (one further along stays as it is)."""
+    if att.state == AttemptState.SUBMITTING:
+        _to(att, AttemptState.PENDING)
+
+
+def attempt_running(s: Session, job: Job, att: Attempt, nodes: str, started_at: datetime, now: datetime) -> None:
+    """Slurm shows the attempt running on ``nodes`` since ``started_at``; so does the job.
+
+    Said once (a "running" event) when it starts; at later ticks only the start
+    time (the real one, once the nodes have booted) and the job's reason follow
+    Slurm. A moving attempt stays moving.
+    """
+    if att.started_at != started_at:
+        att.started_at = started_at
+    if att.state not in ATTEMPT_RUNNING:
+        _to(att, AttemptState.RUNNING)
+        att.nodes = nodes
+        store.add_event(s, "running", f"attempt {att.number} runs on {att.nodes}", now=now, job_id=job.id)
+    store.set_job_state(s, job, JobState.RUNNING, f"running on {nodes}", now=now)
+
+
+def attempt_moving(s: Session, job: Job, att: Attempt, partition: str, why: str, now: datetime) -> None:
+    """gbroker requeues the running spot attempt onto ``partition`` to keep the deadline (until Slurm has)."""
+    _to(att, AttemptState.MOVING)
+    store.add_event(s, "fallback",
+                    f"running on spot; requeued to {partition} to meet the deadline ({why})",
+                    now=now, job_id=job.id)
+
+
+def attempt_next(
+    s: Session, job: Job, capacity: Capacity, partition: str, reason: str, now: datetime,
+    *, requeued: SlurmJob | None = None,
+) -> Attempt:
+    """Open the job's next attempt on ``capacity``: the job recovers, placed there.
+
+    ``requeued``: the same Slurm job, requeued by Slurm; the attempt is its next
+    run, already in the queue (pending). Without it the attempt waits for sbatch.
+    """
+    nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
+    job.capacity, job.partition = capacity, partition
+    store.set_job_state(s, job, JobState.RECOVERING, reason, now=now)
+    if requeued is not None:
+        nxt.slurm_job_id = requeued.job_id
+        nxt.slurm_restarts = requeued.restarts
+        _to(nxt, AttemptState.PENDING)
+    return nxt
+
+
+def attempt_restarted(s: Session, job: Job, att: Attempt, nodes: str, started_at: datetime, now: datetime) -> None:
+    """Slurm already runs the requeued job's next run when the last one is settled: the job runs again.
+
+    No "running" event: the event of the run that ended says it goes on.
+    """
+    _to(att, AttemptState.RUNNING)
+    att.started_at = started_at
+    att.nodes = nodes
+    store.set_job_state(s, job, JobState.RUNNING, f"running on {nodes}", now=now)
+
+
+# -- an attempt that ended --------------------------------------------------------------
+def attempt_ended(
+    att: Attempt, state: AttemptState, *, ended_at: datetime | None = None, outcome: str | None = None,
+    lost_s: int | None = None,
+) -> None:
+    """The attempt is over as ``state``; ``ended_at``, ``outcome`` and ``lost_s`` are set when given."""
+    assert state in ATTEMPT_TERMINAL, state
+    _to(att, state)
+    if ended_at is not None:
+        att.ended_at = ended_at
+    if outcome is not None:
+        att.outcome = outcome
+    if lost_s is not None:
+        att.lost_s = lost_s
+
+
+def attempt_reclaimed(job: Job, att: Attempt, state: AttemptState) -> None:
+    """The node was taken back (``RECLAIMED``) or Slurm preempted the run (``PREEMPTED``): one more reclaim.
+
+    The event follows from the caller, once the policy has said what comes next.
+    """
+    attempt_ended(att, state)
+    job.reclaims = (job.reclaims or 0) + 1
+
+
+def attempt_moved(s: Session, job: Job, att: Attempt, partition: str, now: datetime) -> None:
+    """Slurm requeued the moving attempt (our own requeue): it moved off spot; the next run is on ``partition``."""
+    attempt_ended(att, AttemptState.MOVED)
+    store.add_event(
+        s, AttemptState.MOVED.value,
+        f"attempt {att.number} moved off {att.nodes or 'spot'} ({att.lost_s}s of work since the checkpoint lost); "
+        f"next run on {partition}",
+        now=now, job_id=job.id,
+    )
+
+
+def attempt_lost(s: Session, job: Job, att: Attempt, why: str, lost_s: int, now: datetime) -> None:
+    """Slurm lost the run itself: neither a reclaim nor the program's failure; the job runs again."""
+    attempt_ended(att, AttemptState.LOST, outcome=f"lost by Slurm: {why}", lost_s=lost_s)
+    store.add_event(s, AttemptState.LOST.value, f"attempt {att.number} on {att.nodes or '?'} was lost by Slurm "
+                    f"({why}); it runs again on the same capacity", now=now, job_id=job.id)
+
+
+def attempt_continued(s: Session, job: Job, att: Attempt, how: str, now: datetime) -> bool:
+    """The program stopped to go on in a new run (``how``): its work is kept, nothing was lost.
+
+    False when the job has gone on more than ``MAX_CONTINUATIONS`` times: it failed.
+    """
+    attempt_ended(att, AttemptState.CONTINUED, outcome=how, lost_s=0)
+    done = s.execute(
+        select(func.count()).select_from(Attempt).where(Attempt.job_id == job.id,
+                                                        Attempt.state == AttemptState.CONTINUED)
+    ).scalar_one()
+    if done > MAX_CONTINUATIONS:
+        store.set_job_state(s, job, JobState.FAILED, f"stopped after {done} runs that each asked to go on", now=now)
+        return False
+    store.add_event(s, AttemptState.CONTINUED.value,
+                    f"attempt {att.number} on {att.nodes or '?'} ended to go on in a new run ({how})",
+                    now=now, job_id=job.id)
+    return True
+
+
+def attempt_retried(s: Session, job: Job, att: Attempt, reason: str, now: datetime) -> Attempt:
+    """The program failed and may run again: the attempt failed, the next one waits for sbatch where it ran."""
+    attempt_ended(att, AttemptState.FAILED)
+    nxt = store.add_attempt(s, job, partition=att.partition, capacity=att.capacity, now=now)
+    store.set_job_state(s, job, JobState.RECOVERING, reason, now=now)
+    return nxt
+
+
+# -- a job that ended -------------------------------------------------------------------
+def job_completed(s: Session, job: Job, att: Attempt, now: datetime) -> None:
+    """The program exited 0: attempt and job completed, the job's work is the whole run."""
+    attempt_ended(att, AttemptState.COMPLETED)
+    job.done_s = max(job.done_s or 0, run_s(att))
+    store.set_job_state(s, job, JobState.COMPLETED, "completed", now=now)
+
+
+_ENDED_WITH = {
+    JobState.FAILED: AttemptState.FAILED,
+    JobState.CANCELLED: AttemptState.CANCELLED,
+    JobState.TIMEOUT: AttemptState.TIMEOUT,
+}
+
+
+def job_ended(
+    s: Session, job: Job, att: Attempt, state: JobState, why: str, now: datetime,
+    *, ended_at: datetime | None = None, outcome: str | None = None,
+) -> None:
+    """The job ended with its attempt: failed, cancelled or timed out, both, for ``why``."""
+    attempt_ended(att, _ENDED_WITH[state], ended_at=ended_at, outcome=outcome)
+    store.set_job_state(s, job, state, why, now=now)
+
+
+def job_cancelled(s: Session, job: Job, why: str, now: datetime) -> None:
+    """The job was cancelled (by its owner or an admin): every attempt still going ends cancelled too."""
+    for a in store.job_attempts(s, job.id):
+        if a.state not in ATTEMPT_TERMINAL:
+            attempt_ended(a, AttemptState.CANCELLED, ended_at=a.ended_at or now)
+    store.set_job_state(s, job, JobState.CANCELLED, why, now=now)
