@@ -26,6 +26,7 @@ from policies import ondemand  # noqa: F401,E402
 from policies import greedy  # noqa: F401,E402
 from policies import uniform_progress  # noqa: F401,E402
 from policies import omniscient  # noqa: F401,E402
+from policies import gepa  # noqa: F401,E402
 from policies import gbroker  # noqa: F401,E402
 
 __all__ = [

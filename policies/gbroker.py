@@ -342,3 +342,11 @@ class GBrokerPolicy(Policy):
         if t_ok < 0:
             return 1
         return first_drop + t_ok * delta
+
+
+@register
+class GBrokerMarkovPolicy(GBrokerPolicy):
+    """The model-based policy above under its own name, kept as a baseline."""
+
+    name = "gbroker-markov"
+    description = "two-state market model, table of best actions, pacing, exact safety net"

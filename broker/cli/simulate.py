@@ -46,8 +46,9 @@ def _price(text: str, what: str) -> int:
               help="d: hours lost each time the job starts on a new instance (incl. work since the last checkpoint).")
 @click.option("--spot-price", default="0.918", show_default=True, help="USD per instance-hour on spot.")
 @click.option("--ondemand-price", default="3.06", show_default=True, help="USD per instance-hour on on-demand.")
-@click.option("--trace-prices", is_flag=True,
-              help="Use a trace's own spot prices (their mean over each sample) where it has them.")
+@click.option("--oracle-trace-prices", "oracle_trace_prices", is_flag=True,
+              help="ORACLE, not a fair comparison: hand every policy the mean of the trace's own spot "
+                   "prices over the job's future window, where the trace has prices.")
 @click.option("--nodes", type=int, default=1, show_default=True,
               help="Instances the job needs at once (a gang is reclaimed when any node is).")
 @click.option("--starts", type=int, default=100, show_default=True, help="Start offsets per trace.")
@@ -64,7 +65,7 @@ def simulate(
     changeover_hours: float,
     spot_price: str,
     ondemand_price: str,
-    trace_prices: bool,
+    oracle_trace_prices: bool,
     nodes: int,
     starts: int,
     seed: int,
@@ -127,7 +128,7 @@ def simulate(
         raise click.ClickException(
             f"no trace offers {nodes} instances at once (largest: {max(t.capacity for t in loaded)}); lower --nodes"
         )
-    setting = Setting(w_s, dl_s, d_s, sp, od, nodes=nodes, trace_prices=trace_prices)
+    setting = Setting(w_s, dl_s, d_s, sp, od, nodes=nodes, oracle_trace_prices=oracle_trace_prices)
     samples = run(usable, names, setting, starts=starts, seed=seed, workers=workers)
     summary = summarize(samples, names)
     problems = never_beaten(samples)

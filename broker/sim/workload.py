@@ -201,6 +201,9 @@ def _one_policy(
     # What the daemon observes: reclaims per hour held on spot, over every job so far.
     held_s = 0
     seen_reclaims = 0
+    # A trace shorter than the workload is replayed: history never reaches
+    # back to a step that comes back later (see SpotFeed).
+    floor = max(0, steps - trace.steps)
     for i in range(steps):
         t = i * g
         capacity = feeds[1].counts[i] if 1 in feeds else next(iter(feeds.values())).counts[i]
@@ -224,7 +227,7 @@ def _one_policy(
             feed = feeds[r.job.nodes]
             others = used - (r.job.nodes if r.cur is Capacity.SPOT and id(r) not in reclaimed else 0)
             free = max(0, capacity - others)
-            market = feed.market(i, sp, od)
+            market = feed.market(i, sp, od, floor)
             rate = market.spot_reclaim_rate_per_hour if observed is None else max(observed, market.spot_reclaim_rate_per_hour)
             market = replace(market, spot_available=free, spot_reclaim_rate_per_hour=rate)
             if id(r) in reclaimed:

@@ -21,7 +21,7 @@ from policies import from_name
 from tests.sim.brute import brute_optimum
 
 REAL = Path(__file__).resolve().parents[3] / "shared/traces/spot/availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json"
-ONLINE = ["ondemand", "greedy", "uniform-progress", "gbroker", "simple"]
+ONLINE = ["ondemand", "greedy", "uniform-progress", "gepa", "gbroker", "simple"]
 
 
 def random_case(seed: int) -> tuple[list[bool], int, int, int, int, int, int]:
@@ -85,7 +85,7 @@ def test_optimum_replays_exactly_and_is_never_beaten(seed: int) -> None:
             assert out.deadline_met, name
 
 
-@pytest.mark.parametrize("name", ["greedy", "uniform-progress", "gbroker", "omniscient"])
+@pytest.mark.parametrize("name", ["greedy", "uniform-progress", "gepa", "gbroker", "omniscient"])
 def test_jumping_ahead_gives_the_same_result_as_asking_every_step(name: str) -> None:
     for seed in range(6):
         tr = synthetic_trace(100 + seed)
