@@ -22,7 +22,6 @@ under 3 minutes) is replaced by the shared exact safety net of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 
 from policies.base import (
     AttemptView,
@@ -36,29 +35,13 @@ from policies.base import (
 )
 from policies.rules import (
     NEVER_CHANGES_S,
-    Form,
     decision_of,
     placed,
     safety_form,
-    slack_s,
+    share,
+    slack_share_form,
     spot_usable,
-    work_at_risk_s,
 )
-
-
-def slack_ratio_form(job: JobView, ratio: Fraction) -> Form:
-    """``slack - ratio * work at risk`` as a linear condition (scaled to integers).
-
-    Idle: slack drops 1 s per s, the work stays. Running with checkpoints:
-    slack stays and the work drops 1 s per s; without, slack drops and the
-    work at risk stays.
-    """
-    s = slack_s(job, 1)
-    assert s is not None
-    p, q = ratio.numerator, ratio.denominator
-    value = q * s - p * work_at_risk_s(job)
-    running = p if job.safe_done_s is None else -q
-    return (value, -q, running)
 
 
 @register
@@ -67,7 +50,7 @@ class GepaPolicy(Policy):
     description = "published GEPA rule: spot when there; keep on-demand in an outage; on-demand once slack < work/5"
 
     def __init__(self, od_slack_ratio: float = 0.2) -> None:
-        self.ratio = Fraction(od_slack_ratio).limit_denominator(1000)
+        self.ratio = share(od_slack_ratio)
 
     def place(self, job: JobView, market: MarketView) -> Placement:
         if not job.interruptible:
@@ -85,7 +68,7 @@ class GepaPolicy(Policy):
             return placed(Capacity.SPOT, "spot available", [net])
         if job.current is Capacity.ONDEMAND:
             return placed(Capacity.ONDEMAND, "outage: stay on on-demand", [net])
-        form = slack_ratio_form(job, self.ratio)
+        form = slack_share_form(job, self.ratio)
         if form[0] < 0:
             return placed(Capacity.ONDEMAND, "outage: slack under the share of work left", [net, form])
         return placed(Capacity.NONE, "outage: slack to spare, wait", [net, form])

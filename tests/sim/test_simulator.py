@@ -235,7 +235,7 @@ def test_gbroker_with_empirical_lengths_jumps_ahead_safely() -> None:
     # age-conditioned model is in play; its hints must not skip a change.
     tr = load_traces([REAL])[0]
     d = 720
-    pol = from_name("gbroker", empirical=True)
+    pol = from_name("gbroker-markov", empirical=True)
     for offset in (1500, 2100, 2700):
         W, D = 12 * 3600, 16 * 3600
         feed = SpotFeed(tr, 1, offset + 200)
