@@ -1,4 +1,4 @@
-"""`gbroker`: the default policy. A slack rule, changeover-aware, with the
+"""`gbroker`: the default policy. A changeover-aware slack rule with the
 exact safety net on top.
 
 Measured on the traces we ship (docs/SIMULATOR.md), a rule that follows the
@@ -10,16 +10,27 @@ costs:
 
 1. spot whenever the whole gang can have it, from waiting or after a
    reclaim;
-2. from on-demand, back to spot only when the slack would still be above
-   ``return_ratio`` of the work left after a round trip (two more
-   changeovers) and the window has lasted ``prove_changeovers``
-   changeovers: short windows cost two changeovers and save little;
-3. in an outage, stay on on-demand if already on it;
-4. waiting in an outage: on-demand once the slack left is under
-   ``od_slack_ratio`` of the work left, otherwise wait.
+2. in an outage, stay on on-demand if already on it;
+3. waiting in an outage: on-demand once the slack left is under
+   ``od_slack_ratio`` (12 %) of the work left, otherwise wait;
+4. from on-demand back to spot at once, unless round trips are scarce: a
+   round trip (on-demand to spot and back) spends two changeovers of slack,
+   and when the slack left pays for fewer round trips than the spot windows
+   expected in the time left (observed windows per hour times the hours
+   left, ``scarce_factor``), the job leaves on-demand only for a window
+   that has already lasted ``prove_changeovers`` (2) changeovers: most
+   windows are short, and an old window tends to last (heavy tails).
 
-The constants were tuned on half A of the traces and are reported on the
-held-out half B as well (docs/SIMULATOR.md, "Tuning").
+Options kept for experiments (off by default): ``return_ratio`` (leave
+on-demand only while the slack after a round trip stays above that share
+of the work) and ``leave_ratio`` (stop on-demand in an outage while the
+slack is above that share). The constants were tuned on half A of the
+traces and are reported on the held-out half B as well (docs/SIMULATOR.md,
+"Tuning, in and out of sample").
+
+Several pools (``place_pools``): the job keeps its pool while it has spot;
+otherwise the pool with spot that was reclaimed least (``pool_choice``),
+so a reclaim in one pool resumes in another at once.
 
 Other jobs, as before (``policies.gbroker_markov``): not interruptible:
 on-demand; no deadline: spot when available, else wait, on-demand after
