@@ -86,7 +86,7 @@ def main() -> None:
           " | ".join(f"{n} saving vs best-pool UP" for n in online if n != BEST_POOL_UP) + " | optimum saving |")
     print("|" + "---|" * (2 + 2 * len(online)))
     for label, rs in per_set.items():
-        def m(n: str, key: str) -> float:
+        def m(n: str, key: str, rs: list = rs) -> float:  # type: ignore[type-arg]
             return sum(r[n][key] for r in rs) / len(rs)
         print(f"| {label} | " + " | ".join(f"{100 * m(n, 'gap_to_optimal_mean'):.1f}%" for n in online) + " | "
               + " | ".join(f"{100 * m(n, 'saving_vs_best_pool_up_mean'):.1f}%" for n in online if n != BEST_POOL_UP)
