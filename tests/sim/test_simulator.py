@@ -246,3 +246,20 @@ def test_gbroker_with_empirical_lengths_jumps_ahead_safely() -> None:
         b = run_job(pol, SimJob(W, D, d), feed, offset, prices, horizon, use_hints=False)
         assert (a.cost_us, a.finished_s, a.reclaims) == (b.cost_us, b.finished_s, b.reclaims)
         assert a.deadline_met
+
+
+def test_a_replayed_trace_never_shows_a_job_its_own_future() -> None:
+    # 100 steps replayed for a 150-step window from step 30: steps 30..99 and
+    # 0..79 come back, so at the start nothing may count as history, and
+    # later only what will not come back before the deadline (from step 80).
+    data = [1, 1, 0, 1, 0] * 20
+    tr = Trace("short", 60, tuple(data))
+    feed = SpotFeed(tr, 1, 400)
+    floor = feed.history_floor(30, 150)
+    assert floor == 80
+    start = feed.market(30, 1, 2, floor)
+    assert start.lookback_s == 0 and start.spot_uptime_fraction is None and start.spot_windows_s == ()
+    later = feed.market(120, 1, 2, floor)
+    assert 0 < later.lookback_s <= (120 - 80) * 60
+    # a window that does not wrap sees its whole past, as before
+    assert feed.history_floor(30, 60) == 0 and feed.market(30, 1, 2, 0).lookback_s == 30 * 60
