@@ -29,8 +29,14 @@ traces and are reported on the held-out half B as well (docs/SIMULATOR.md,
 "Tuning, in and out of sample").
 
 Several pools (``place_pools``): the job keeps its pool while it has spot;
-otherwise the pool with spot that was reclaimed least (``pool_choice``),
-so a reclaim in one pool resumes in another at once.
+otherwise the pool with spot that was reclaimed least (``pool_choice``;
+``"age"``: the pool whose current window has lasted longest, better on the
+tuning half of the pool sets, not on the held-out half), so a reclaim in one
+pool resumes in another at once. ``pool_rule="choosy"`` (off; measured worse, see
+docs/SIMULATOR.md) instead ranks the pools by the observed chance that the
+current window lasts ``pool_horizon`` changeovers more, waits for a likelier
+window while the slack is above ``pool_wait_share`` of the work, and with
+``pool_od_k`` leaves on-demand only for such a window.
 
 Other jobs, as before (``policies.gbroker_markov``): not interruptible:
 on-demand; no deadline: spot when available, else wait, on-demand after
@@ -41,6 +47,7 @@ cannot pay for on-demand: the cheapest route the deadline allows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from policies.base import (
@@ -50,6 +57,7 @@ from policies.base import (
     JobView,
     MarketView,
     Placement,
+    PoolPlacement,
     register,
 )
 from policies.gbroker_markov import GBrokerMarkovPolicy
@@ -79,9 +87,19 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         leave_ratio: float | None = None,
         patience_s: int = 12 * 3600,
         pool_choice: str = "rate",
+        pool_rule: str = "follow",
+        pool_wait_k: float = 0.7,
+        pool_wait_share: float = 0.25,
+        pool_horizon: float = 2.0,
+        pool_od_k: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
+        self.pool_rule = pool_rule
+        self.pool_wait_k = pool_wait_k
+        self.pool_od_k = pool_od_k
+        self.pool_wait_share = pool_wait_share
+        self.pool_horizon = pool_horizon
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -137,6 +155,55 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
             p = placed(Capacity.ONDEMAND, "spot window too young to leave on-demand for", forms)
             return Placement(p.capacity, p.reason, max(1, min(p.recheck_s or NEVER_CHANGES_S, prove - up)))
         return placed(Capacity.SPOT, "spot back, slack for a round trip: spot", forms)
+
+    def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        if (
+            self.pool_rule != "choosy"
+            or len(markets) < 2
+            or not job.interruptible
+            or job.deadline_s is None
+            or not job.checkpointable
+            or job.budget_left_micros is not None
+        ):
+            return super().place_pools(job, markets)
+        up = [k for k, m in enumerate(markets) if spot_usable(job, m)]
+        if not up or (job.current is Capacity.SPOT and job.pool in up):
+            return super().place_pools(job, markets)
+        net = safety_form(job, markets[0], 1)
+        assert net is not None
+        if net[0] < 0:
+            return PoolPlacement(Capacity.ONDEMAND, None, "safety net: no slack left", NEVER_CHANGES_S)
+        d = job.changeover_s
+        h = int(self.pool_horizon * d)
+        surv = {k: self._survival(markets[k], h) for k in up}
+        best = max(up, key=lambda k: (surv[k], markets[k].spot_up_s or 0, -markets[k].spot_price_micros, -k))
+        m = markets[best]
+        work = max(1, job.work_left_s)
+        slack = (job.time_left_s or 0) - job.work_left_s - d
+        sh = slack / work
+        if job.current is Capacity.ONDEMAND:
+            pl = self.place(job, m)
+            if pl.capacity is Capacity.SPOT:
+                if self.pool_od_k is not None and surv[best] < self.pool_od_k:
+                    return PoolPlacement(Capacity.ONDEMAND, None, "no pool's window likely to pay a round trip", 1)
+                return PoolPlacement(Capacity.SPOT, best, pl.reason, 1)
+            return PoolPlacement(pl.capacity, None, pl.reason, 1)
+        if sh < self.pool_wait_share or surv[best] >= self.pool_wait_k:
+            return PoolPlacement(Capacity.SPOT, best, "the window likeliest to last", 1)
+        return PoolPlacement(Capacity.NONE, None, "only windows likely to end soon: slack to spare, wait", 1)
+
+    def _survival(self, market: MarketView, h: int) -> float:
+        """Chance that the pool's current window lasts ``h`` more seconds: the
+        share of its observed windows longer than the current age that lasted
+        ``h`` beyond it (at least 4 of them), else memoryless at the observed
+        reclaim rate."""
+        age = market.spot_up_s or 0
+        ws = market.spot_windows_s
+        longer = [x for x in ws if x > age]
+        if len(longer) >= 4:
+            return sum(x - age >= h for x in longer) / len(longer)
+        _, rate = GBrokerMarkovPolicy._observed(market)
+        return math.exp(-rate * h / 3600)
 
     def choose_pool(self, job: JobView, markets: Sequence[MarketView]) -> int:
         """Several pools: the job's own pool while it has spot (a move costs a
