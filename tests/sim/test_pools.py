@@ -135,3 +135,21 @@ def test_command_pools_json(tmp_path: Path) -> None:
     assert out["samples"] == 5 and out["optimum_beaten"] == []
     bad = CliRunner().invoke(simulate_cmd, [a if a != "0.918,0.8" else "1,2,3" for a in args])
     assert bad.exit_code != 0 and "pools" in bad.output
+
+
+def test_owned_nodes_take_jobs_first_and_cost_a_fixed_price() -> None:
+    from broker.sim.trace import Trace
+    from broker.sim.workload import WorkloadJob, run_workload
+
+    trace = Trace("t", 300, [0] * 200, None)  # no spot at all
+    jobs = [WorkloadJob(f"j{k}", "render", 1, 1, 0, 3600, 4 * 3600) for k in range(3)]
+    out = run_workload(trace, jobs, ["ondemand", "gbroker"], 918_000, 3_060_000, 0, owned_nodes=2,
+                       owned_micros=1_000_000, owned_hours=10)
+    od, gb = out["summary"]
+    for row in (od, gb):
+        assert row["deadlines_met"] == 3 and row["owned_fixed_usd"] == 20
+    # on-demand: two jobs on the owned nodes, the third on on-demand at once
+    assert od["owned_gpu_hours"] == 2 and od["ondemand_gpu_hours"] == 1
+    assert abs(od["cost_usd"] - (20 + 3.06)) < 1e-6
+    # gbroker waits (no spot, slack to spare) and gets an owned node when one frees
+    assert gb["owned_gpu_hours"] == 3 and gb["ondemand_gpu_hours"] == 0 and gb["cost_usd"] == 20
