@@ -17,6 +17,7 @@ from policies.base import (  # noqa: F401
     MarketView,
     Placement,
     Policy,
+    PoolPlacement,
     from_name,
     names,
     register,
@@ -26,9 +27,11 @@ from policies import ondemand  # noqa: F401,E402
 from policies import greedy  # noqa: F401,E402
 from policies import uniform_progress  # noqa: F401,E402
 from policies import omniscient  # noqa: F401,E402
+from policies import gepa  # noqa: F401,E402
+from policies import gbroker_markov  # noqa: F401,E402
 from policies import gbroker  # noqa: F401,E402
 
 __all__ = [
-    "Action", "AttemptView", "Capacity", "Decision", "JobView", "MarketView", "Placement", "Policy",
+    "Action", "AttemptView", "Capacity", "Decision", "JobView", "MarketView", "Placement", "Policy", "PoolPlacement",
     "from_name", "names", "register",
 ]

@@ -57,6 +57,9 @@ class JobView:
     """How many of its attempts were reclaimed so far."""
     budget_left_micros: int | None = None
     """Money the job's group may still spend this semester (None = no budget)."""
+    pool: int | None = None
+    """Several spot pools (``Policy.place_pools``): the index of the pool of the
+    job's current or last spot attempt; None = never on spot (or one pool)."""
     safe_done_s: int | None = None
     """Work that survives a reclaim (last checkpoint); None = ``done_s``.
 
@@ -122,6 +125,18 @@ class Placement:
     uses it to jump ahead; the daemon may use it to skip ticks."""
 
 
+@dataclass(frozen=True)
+class PoolPlacement:
+    """A placement among several spot pools."""
+
+    capacity: Capacity
+    pool: int | None = None
+    """For SPOT: the index of the pool (into the market views) to run in."""
+    reason: str = ""
+    recheck_s: int | None = None
+    """As ``Placement.recheck_s``: no change in any pool, only the clock moves."""
+
+
 class Action(str, Enum):
     RESUME_SPOT = "resume_spot"
     MOVE_ONDEMAND = "move_ondemand"
@@ -165,6 +180,34 @@ class Policy(ABC):
     def on_preempt(
         self, job: JobView, history: Sequence[AttemptView], market: MarketView
     ) -> Decision: ...
+
+    # -- several spot pools ----------------------------------------------------
+    def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        """Placement when spot comes from several pools (zones, regions, clouds),
+        each with its own market view; on-demand is one more choice.
+
+        The default runs the single-pool decision on the pool ``choose_pool``
+        picks: the job's own pool while its spot is there (a move costs a
+        changeover), else the pool with spot for the whole gang that has been
+        reclaimed least (then the cheapest); with no spot anywhere, the pool
+        seen up most. A reclaim in one pool can so resume in another at once.
+        Pure like ``place``.
+        """
+        k = self.choose_pool(job, markets)
+        pl = self.place(job, markets[k])
+        return PoolPlacement(pl.capacity, k if pl.capacity is Capacity.SPOT else None, pl.reason, pl.recheck_s)
+
+    def choose_pool(self, job: JobView, markets: Sequence[MarketView]) -> int:
+        """The pool whose market the single-pool decision sees."""
+        if not markets:
+            raise ValueError("place_pools needs at least one market view")
+        up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
+        if job.current is Capacity.SPOT and job.pool in up:
+            return job.pool  # type: ignore[return-value]
+        if up:
+            return min(up, key=lambda k: (markets[k].spot_reclaim_rate_per_hour,
+                                          markets[k].spot_price_micros, k))
+        return max(range(len(markets)), key=lambda k: (markets[k].spot_uptime_fraction or 0.0, -k))
 
 
 @dataclass

@@ -1,39 +1,54 @@
-"""`gbroker`: the default policy. Model-based, with the exact safety net on top.
+"""`gbroker`: the default policy. A changeover-aware slack rule with the
+exact safety net on top.
 
-Uniform Progress spends slack at one fixed pace whatever the market does.
-gbroker instead asks, at every decision, what is cheapest in expectation
-given what it has observed of *this* partition: the share of time spot was
-available for a gang of this size and how often it was reclaimed. Those two
-numbers fit a two-state model of the market (``policies.markov``); a table of
-best actions over (work left, time left, mode, spot up or down) is computed
-once per model and reused. The table trades off the three levers the paper
-names: waiting for spot (spends slack), on-demand (spends money), and
-changeovers (spend both).
+Measured on the traces we ship (docs/SIMULATOR.md), a rule that follows the
+availability of spot and spends slack by a simple share beats the
+model-based table (`gbroker-markov`), whose two-state model of a
+heavy-tailed market misjudges both short windows and long outages. The rule
+starts from the published GEPA rule (`gepa`) and adds what a changeover
+costs:
 
-Then the rules that hold whatever the model says:
-- the safety net (``policies.rules``): never spend a step off on-demand when
-  a reclaim at its end could make the deadline unreachable, so gbroker never
-  misses a deadline the optimum meets;
-- not interruptible: on-demand;
-- cannot checkpoint: spot only while the whole job could still be redone on
-  on-demand in time, and only when the work left is short next to the
-  observed time between reclaims (otherwise the rerun costs more than spot saves);
-- no deadline: spot when available, otherwise wait; after ``patience_s``
-  without spot (default: the larger of 12 hours and the work left) on-demand,
-  back to spot when it returns. Nothing waits forever;
-- pacing: waiting may not spend the slack much faster than evenly over the
-  job's window (``pace_margin``), because a wrong model would otherwise burn
-  early the slack that later spot windows need;
-- a group whose remaining budget cannot pay for the job on on-demand gets
-  the cheapest route the deadline allows: spot whenever there is slack.
+1. spot whenever the whole gang can have it, from waiting or after a
+   reclaim;
+2. in an outage, stay on on-demand if already on it;
+3. waiting in an outage: on-demand once the slack left is under
+   ``od_slack_ratio`` (12 %) of the work left, otherwise wait;
+4. from on-demand back to spot at once, unless round trips are scarce: a
+   round trip (on-demand to spot and back) spends two changeovers of slack,
+   and when the slack left pays for fewer round trips than the spot windows
+   expected in the time left (observed windows per hour times the hours
+   left, ``scarce_factor``), the job leaves on-demand only for a window
+   that has already lasted ``prove_changeovers`` (2) changeovers: most
+   windows are short, and an old window tends to last (heavy tails).
+
+Options kept for experiments (off by default): ``return_ratio`` (leave
+on-demand only while the slack after a round trip stays above that share
+of the work) and ``leave_ratio`` (stop on-demand in an outage while the
+slack is above that share). The constants were tuned on half A of the
+traces and are reported on the held-out half B as well (docs/SIMULATOR.md,
+"Tuning, in and out of sample").
+
+Several pools (``place_pools``): the job keeps its pool while it has spot;
+otherwise the pool with spot that was reclaimed least (``pool_choice``;
+``"age"``: the pool whose current window has lasted longest, better on the
+tuning half of the pool sets, not on the held-out half), so a reclaim in one
+pool resumes in another at once. ``pool_rule="choosy"`` (off; measured worse, see
+docs/SIMULATOR.md) instead ranks the pools by the observed chance that the
+current window lasts ``pool_horizon`` changeovers more, waits for a likelier
+window while the slack is above ``pool_wait_share`` of the work, and with
+``pool_od_k`` leaves on-demand only for such a window.
+
+Other jobs, as before (``policies.gbroker_markov``): not interruptible:
+on-demand; no deadline: spot when available, else wait, on-demand after
+``patience_s`` without spot; cannot checkpoint: spot only while a full rerun
+still fits and reclaims are rare next to the work; a group whose budget
+cannot pay for on-demand: the cheapest route the deadline allows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-import numpy as np
 
 from policies.base import (
     AttemptView,
@@ -42,84 +57,55 @@ from policies.base import (
     JobView,
     MarketView,
     Placement,
-    Policy,
+    PoolPlacement,
     register,
 )
-from policies.empirical import mean_s, residual_s, residual_stable_s
-from policies.markov import ONDEMAND, SPOT, WAIT, TableKey, build, step_probabilities
+from policies.gbroker_markov import GBrokerMarkovPolicy
 from policies.rules import (
     NEVER_CHANGES_S,
     decision_of,
     placed,
     safety_form,
+    share,
+    slack_share_form,
     spot_usable,
-    stable_for,
-    work_at_risk_s,
 )
-
-PRIOR_UPTIME = 0.6
-PRIOR_RECLAIMS_PER_HOUR = 0.3
-MIN_LOOKBACK_S = 6 * 3600
-"""Less history than this and the prior is blended in."""
-HINT_STEPS = 24
-"""How far ahead (in table steps) a placement promises to stay the same."""
-
-_CAP = {WAIT: Capacity.NONE, SPOT: Capacity.SPOT, ONDEMAND: Capacity.ONDEMAND}
-
-
-TABLE_REACH_S = 48 * 3600
-
-
-def _round_up(x: int, unit: int) -> int:
-    unit = max(1, unit)
-    return -(-x // unit) * unit
-
-
-def _quantise_log(x: float, factor: float = 1.25) -> float:
-    return factor ** round(math.log(max(x, 1e-4)) / math.log(factor))
 
 
 @register
-class GBrokerPolicy(Policy):
+class GBrokerPolicy(GBrokerMarkovPolicy):
     name = "gbroker"
-    description = "model-based: fits the observed spot market, picks the cheapest expected action, exact safety net"
+    description = "spot when there; changeover-aware return from on-demand; slack share rule in outages; exact safety net"
 
     def __init__(
         self,
-        step_target_s: int = 360,
-        min_step_s: int = 360,
-        patience_s: int = 12 * 3600,
+        od_slack_ratio: float = 0.12,
         prove_changeovers: float = 2.0,
-        empirical: bool = False,
-        residual_factor: float = 2.0,
-        condition: str = "window",
-        pace_margin: float | None = 0.35,
+        selective: bool = True,
+        scarce_factor: float = 1.0,
+        return_ratio: float | None = None,
+        leave_ratio: float | None = None,
+        patience_s: int = 12 * 3600,
+        pool_choice: str = "rate",
+        pool_rule: str = "follow",
+        pool_wait_k: float = 0.7,
+        pool_wait_share: float = 0.25,
+        pool_horizon: float = 2.0,
+        pool_od_k: float | None = None,
     ) -> None:
-        """``empirical``: condition the model on the age of the current spot
-        window (``condition="window"``), outage (``"outage"``) or both, using
-        the observed lengths in ``MarketView.spot_windows_s`` /
-        ``spot_outages_s`` (``policies.empirical``); expected times left are
-        quantised to powers of ``residual_factor``. Off by default: on the
-        benchmark it lowers the mean gap but not on most settings (see
-        docs/SIMULATOR.md).
+        super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
+        self.pool_choice = pool_choice
+        self.pool_rule = pool_rule
+        self.pool_wait_k = pool_wait_k
+        self.pool_od_k = pool_od_k
+        self.pool_wait_share = pool_wait_share
+        self.pool_horizon = pool_horizon
+        self.selective = selective
+        self.scarce_factor = scarce_factor
+        self.od_ratio = share(od_slack_ratio)
+        self.return_ratio = None if return_ratio is None else share(return_ratio)
+        self.leave_ratio = None if leave_ratio is None else share(leave_ratio)
 
-        ``pace_margin``: how far ahead of an even pace (as a share of the
-        job's whole slack) waiting may spend slack before the job goes to
-        on-demand (``_paced``); None turns pacing off."""
-        self.condition = condition
-        self.pace_margin = pace_margin
-        self.empirical = empirical
-        self.residual_factor = residual_factor
-        self.step_target_s = step_target_s
-        self.min_step_s = min_step_s
-        self.patience_s = patience_s
-        self.prove_changeovers = prove_changeovers
-
-    def prove_s(self, job: JobView) -> int:
-        """How long a spot window must have lasted before on-demand is left for it."""
-        return int(self.prove_changeovers * job.changeover_s)
-
-    # -- the decision -------------------------------------------------------
     def place(self, job: JobView, market: MarketView) -> Placement:
         if not job.interruptible:
             return Placement(Capacity.ONDEMAND, "not interruptible", NEVER_CHANGES_S)
@@ -138,207 +124,120 @@ class GBrokerPolicy(Policy):
         ):
             cap = Capacity.SPOT if spot else Capacity.NONE
             return placed(cap, "budget too small for on-demand: cheapest route", [net])
-
-        table, delta = self._table(job, market)
-        age_stable = self._conditional_stable_s(market)
-        left = job.time_left_s
-        assert left is not None
-        lv = left // delta
-        r = -(-job.work_left_s // delta)
-        mode = {Capacity.SPOT: "spot", Capacity.ONDEMAND: "ondemand"}.get(job.current, "idle")
-        act = table.action(mode, spot, lv, r)
-        if act == SPOT and not spot:
-            act = WAIT
-        hint = self._hint(table, mode, spot, act, lv, r, left, delta)
-        stable = stable_for([net])
-        if stable is not None:
-            hint = min(hint, stable)
-        if age_stable is not None:
-            hint = min(hint, age_stable)
-        if (
-            act == SPOT
-            and job.current is Capacity.ONDEMAND
-            and market.spot_up_s is not None
-            and market.spot_up_s < self.prove_s(job)
-        ):
-            # Many spot windows are shorter than a changeover: leave on-demand
-            # only for a window that has already lasted a while.
-            act = ONDEMAND
-            hint = min(hint, self.prove_s(job) - market.spot_up_s)
-        act, hint, paced = self._paced(job, act, hint)
-        cap = _CAP[act]
-        reason = "slack spent ahead of pace: on-demand" if paced else f"expected cheapest: {cap.value}"
-        return Placement(cap, reason, max(1, hint))
-
-    def _paced(self, job: JobView, act: int, hint: int) -> tuple[int, int, bool]:
-        """Do not spend slack much faster than evenly over the job's window.
-
-        The table's market model can be wrong: outages have long tails, and
-        waiting on the model early can burn the slack that later, better spot
-        windows would need (the job is then stuck on on-demand to the end).
-        Waiting is allowed while the slack spent so far (elapsed - done) is
-        below the even pace (the whole slack spread over the deadline) plus
-        ``pace_margin`` of the whole slack; past that the job runs on
-        on-demand, and leaves it to wait again only once it is back under the
-        pace by half the margin. Returns (action, hint, paced).
-        """
-        if self.pace_margin is None or act != WAIT or job.deadline_s is None:
-            return act, hint, False
-        total = job.deadline_s - job.work_s - job.changeover_s
-        if total <= 0:
-            return act, hint, False
-        spent = job.elapsed_s - job.done_s
-        allowed = total * job.elapsed_s / job.deadline_s + self.pace_margin * total
         if job.current is Capacity.ONDEMAND:
-            allowed -= self.pace_margin * total / 2
-        if spent >= allowed:
-            # On on-demand, spent stays put while allowed grows by total / deadline per s.
-            return ONDEMAND, min(hint, max(1, int((spent - allowed) * job.deadline_s / total) + 1)), True
-        # Waiting: spent grows 1 s per s, allowed total / deadline s per s.
-        rate = 1 - total / job.deadline_s
-        if rate <= 0:
-            return act, hint, False
-        return act, min(hint, max(1, int((allowed - spent) / rate))), False
+            return self._from_ondemand(job, market, spot, net)
+        if spot:
+            return placed(Capacity.SPOT, "spot available", [net])
+        form = slack_share_form(job, self.od_ratio)
+        if form[0] < 0:
+            return placed(Capacity.ONDEMAND, "outage: slack under its share of the work left", [net, form])
+        return placed(Capacity.NONE, "outage: slack to spare, wait", [net, form])
+
+    def _from_ondemand(self, job: JobView, market: MarketView, spot: bool, net: tuple[int, int, int]) -> Placement:
+        if not spot:
+            if self.leave_ratio is not None:
+                leave = slack_share_form(job, self.leave_ratio)
+                if leave[0] >= 0:
+                    return placed(Capacity.NONE, "outage with slack to spare: stop on-demand, wait", [net, leave])
+                return placed(Capacity.ONDEMAND, "outage: stay on on-demand", [net, leave])
+            return placed(Capacity.ONDEMAND, "outage: stay on on-demand", [net])
+        forms = [net]
+        if self.return_ratio is not None:
+            back = slack_share_form(job, self.return_ratio, 3)
+            forms.append(back)
+            if back[0] < 0:
+                return placed(Capacity.ONDEMAND, "a round trip to spot would eat the slack left", forms)
+        prove = self.prove_s(job)
+        if self.selective and not self._round_trips_scarce(job, market):
+            prove = 0
+        up = market.spot_up_s
+        if prove > 0 and up is not None and up < prove:
+            p = placed(Capacity.ONDEMAND, "spot window too young to leave on-demand for", forms)
+            return Placement(p.capacity, p.reason, max(1, min(p.recheck_s or NEVER_CHANGES_S, prove - up)))
+        return placed(Capacity.SPOT, "spot back, slack for a round trip: spot", forms)
+
+    def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        if (
+            self.pool_rule != "choosy"
+            or len(markets) < 2
+            or not job.interruptible
+            or job.deadline_s is None
+            or not job.checkpointable
+            or job.budget_left_micros is not None
+        ):
+            return super().place_pools(job, markets)
+        up = [k for k, m in enumerate(markets) if spot_usable(job, m)]
+        if not up or (job.current is Capacity.SPOT and job.pool in up):
+            return super().place_pools(job, markets)
+        net = safety_form(job, markets[0], 1)
+        assert net is not None
+        if net[0] < 0:
+            return PoolPlacement(Capacity.ONDEMAND, None, "safety net: no slack left", NEVER_CHANGES_S)
+        d = job.changeover_s
+        h = int(self.pool_horizon * d)
+        surv = {k: self._survival(markets[k], h) for k in up}
+        best = max(up, key=lambda k: (surv[k], markets[k].spot_up_s or 0, -markets[k].spot_price_micros, -k))
+        m = markets[best]
+        work = max(1, job.work_left_s)
+        slack = (job.time_left_s or 0) - job.work_left_s - d
+        sh = slack / work
+        if job.current is Capacity.ONDEMAND:
+            pl = self.place(job, m)
+            if pl.capacity is Capacity.SPOT:
+                if self.pool_od_k is not None and surv[best] < self.pool_od_k:
+                    return PoolPlacement(Capacity.ONDEMAND, None, "no pool's window likely to pay a round trip", 1)
+                return PoolPlacement(Capacity.SPOT, best, pl.reason, 1)
+            return PoolPlacement(pl.capacity, None, pl.reason, 1)
+        if sh < self.pool_wait_share or surv[best] >= self.pool_wait_k:
+            return PoolPlacement(Capacity.SPOT, best, "the window likeliest to last", 1)
+        return PoolPlacement(Capacity.NONE, None, "only windows likely to end soon: slack to spare, wait", 1)
+
+    def _survival(self, market: MarketView, h: int) -> float:
+        """Chance that the pool's current window lasts ``h`` more seconds: the
+        share of its observed windows longer than the current age that lasted
+        ``h`` beyond it (at least 4 of them), else memoryless at the observed
+        reclaim rate."""
+        age = market.spot_up_s or 0
+        ws = market.spot_windows_s
+        longer = [x for x in ws if x > age]
+        if len(longer) >= 4:
+            return sum(x - age >= h for x in longer) / len(longer)
+        _, rate = GBrokerMarkovPolicy._observed(market)
+        return math.exp(-rate * h / 3600)
+
+    def choose_pool(self, job: JobView, markets: Sequence[MarketView]) -> int:
+        """Several pools: the job's own pool while it has spot (a move costs a
+        changeover); else, among the pools with spot, the one least often
+        reclaimed (``pool_choice="rate"``), or whose current window has lasted
+        longest (``"age"``: windows are heavy-tailed, old ones tend to last),
+        then the cheapest."""
+        if self.pool_choice != "age":
+            return super().choose_pool(job, markets)
+        up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
+        if job.current is Capacity.SPOT and job.pool in up:
+            return job.pool  # type: ignore[return-value]
+        if up:
+            return min(up, key=lambda k: (-(markets[k].spot_up_s or 0), markets[k].spot_price_micros, k))
+        return super().choose_pool(job, markets)
+
+    def _round_trips_scarce(self, job: JobView, market: MarketView) -> bool:
+        """Fewer round trips to spot are affordable than spot windows are to come.
+
+        A round trip (on-demand to spot and back) spends two changeovers of
+        slack. The windows to come are the observed windows per hour (the
+        reclaim rate per hour of uptime times the uptime share) over the
+        time left; without observations, the prior.
+        """
+        left = job.time_left_s or 0
+        slack = left - job.work_left_s - job.changeover_s
+        if job.changeover_s <= 0:
+            return False
+        trips = slack / (2 * job.changeover_s)
+        up, rate = GBrokerMarkovPolicy._observed(market)
+        windows = rate * up * left / 3600
+        return trips < self.scarce_factor * windows
 
     def on_preempt(
         self, job: JobView, history: Sequence[AttemptView], market: MarketView
     ) -> Decision:
         return decision_of(self.place(job, market))
-
-    # -- cases ----------------------------------------------------------------
-    def _no_deadline(self, job: JobView, market: MarketView, spot: bool) -> Placement:
-        patience = max(self.patience_s, job.work_left_s)
-        if spot:
-            return Placement(Capacity.SPOT, "no deadline: spot", NEVER_CHANGES_S)
-        if job.current is Capacity.ONDEMAND:
-            return Placement(Capacity.ONDEMAND, "no deadline: on-demand until spot is back", NEVER_CHANGES_S)
-        if market.spot_down_s is None:
-            return Placement(Capacity.NONE, "no deadline: wait for spot", NEVER_CHANGES_S)
-        if market.spot_down_s >= patience:
-            return Placement(Capacity.ONDEMAND, "no deadline: spot gone too long", NEVER_CHANGES_S)
-        return Placement(Capacity.NONE, "no deadline: wait for spot", patience - market.spot_down_s)
-
-    def _no_checkpoint(
-        self, job: JobView, market: MarketView, spot: bool, net: tuple[int, int, int]
-    ) -> Placement:
-        rate = market.spot_reclaim_rate_per_hour if market.lookback_s else PRIOR_RECLAIMS_PER_HOUR
-        survive = math.exp(-rate * work_at_risk_s(job) / 3600)
-        if job.current is Capacity.ONDEMAND:
-            return placed(Capacity.ONDEMAND, "no checkpoints: stay where the work is", [net])
-        if survive < 0.5:
-            return placed(Capacity.ONDEMAND, "no checkpoints and reclaims too frequent", [net])
-        cap = Capacity.SPOT if spot else Capacity.NONE
-        return placed(cap, "no checkpoints: spot while a rerun would still fit", [net])
-
-    # -- the model ------------------------------------------------------------
-    def _table(self, job: JobView, market: MarketView):  # type: ignore[no-untyped-def]
-        d = job.changeover_s
-        if d <= 0:
-            c, delta = 0, self.step_target_s
-        else:
-            c = max(1, round(d / self.step_target_s))
-            delta = max(1, self.min_step_s, d // c)
-        up, rate = self._observed(market)
-        p, q = step_probabilities(rate, up, delta)
-        if self.empirical:
-            p, q = self._conditional(market, delta, p, q)
-        ratio = market.spot_price_micros / max(1, market.ondemand_price_micros)
-        key = TableKey(
-            delta_s=delta,
-            c=c,
-            # Decisions at a cell do not depend on how far the table reaches,
-            # so round its reach up: one table serves many jobs.
-            r_max=_round_up(-(-job.work_s // delta), TABLE_REACH_S // delta),
-            l_max=_round_up(-(-(job.deadline_s or 0) // delta), TABLE_REACH_S // delta),
-            p_down=round(p, 6),
-            p_up=round(q, 6),
-            spot_ratio=round(min(1.0, ratio) * 20) / 20,
-        )
-        return build(key), delta
-
-    def _conditional_stable_s(self, market: MarketView) -> int | None:
-        """How long the model chosen by ``_conditional`` stays the same as the current run ages."""
-        if not self.empirical or market.spot_down_s is None or market.spot_up_s is None:
-            return None
-        if market.spot_down_s == 0:
-            if self.condition == "outage":
-                return None
-            return residual_stable_s(market.spot_windows_s, market.spot_up_s, self.residual_factor)
-        if self.condition == "window":
-            return None
-        return residual_stable_s(market.spot_outages_s, market.spot_down_s, self.residual_factor)
-
-    def _conditional(self, market: MarketView, delta: int, p: float, q: float) -> tuple[float, float]:
-        """Per-step chances of a change, from the observed lengths, given the age of the current run.
-
-        The current run (window or outage) gets its expected time left at its
-        age; the other state its mean observed length. Each is replaced only
-        where there is enough evidence; the result is quantised so that
-        tables are shared.
-        """
-        if market.spot_down_s is None or market.spot_up_s is None:
-            return p, q  # ages not tracked: nothing to condition on
-        if market.spot_down_s == 0:
-            r_up = residual_s(market.spot_windows_s, market.spot_up_s or 0)
-            r_dn = mean_s(market.spot_outages_s)
-        else:
-            r_up = mean_s(market.spot_windows_s)
-            r_dn = residual_s(market.spot_outages_s, market.spot_down_s or 0)
-        f = self.residual_factor
-        if self.condition == "outage":
-            r_up = None
-        if self.condition == "window":
-            r_dn = None
-        if r_up is not None:
-            p = 1 - math.exp(-delta / _quantise_log(max(r_up, 1.0), f))
-        if r_dn is not None:
-            q = 1 - math.exp(-delta / _quantise_log(max(r_dn, 1.0), f))
-        return p, q
-
-    @staticmethod
-    def _observed(market: MarketView) -> tuple[float, float]:
-        """Uptime share and reclaims per hour of uptime, blended with a prior on short history."""
-        w = min(1.0, market.lookback_s / MIN_LOOKBACK_S) if market.spot_uptime_fraction is not None else 0.0
-        up = w * (market.spot_uptime_fraction or 0.0) + (1 - w) * PRIOR_UPTIME
-        rate = w * market.spot_reclaim_rate_per_hour + (1 - w) * PRIOR_RECLAIMS_PER_HOUR
-        up = round(min(max(up, 0.02), 0.98) * 20) / 20
-        return up, _quantise_log(rate, 1.4)
-
-    @staticmethod
-    def _hint(table, mode: str, spot: bool, act: int, lv: int, r: int, left: int, delta: int) -> int:  # type: ignore[no-untyped-def]
-        """Seconds the table's answer certainly stays ``act``.
-
-        Time left drops one table step every ``delta`` seconds; work left drops
-        at most as fast. So within t steps the cell is (lv - t', r - a) with
-        t' <= t and a <= t' + 1: check that triangle.
-        """
-        if mode == "spot":
-            arr = table.spot_up if spot else table.idle_down
-        elif mode == "ondemand":
-            arr = table.od_up if spot else table.od_down
-        else:
-            arr = table.idle_up if spot else table.idle_down
-        key = table.key
-        lv = min(lv, key.l_max)
-        r = min(r, key.r_max)
-        first_drop = left - lv * delta + 1  # seconds until lv becomes lv - 1
-        if r <= 0 or r > lv:
-            return first_drop
-        T = min(HINT_STEPS, lv - 1)
-        if T <= 0:
-            return first_drop
-        lo_r = max(1, r - T - 1)
-        block = arr[lv - T : lv + 1, lo_r : r + 1][::-1]  # row t = time left lv - t
-        t_idx = np.arange(T + 1)[:, None]
-        a_idx = (r - np.arange(lo_r, r + 1))[None, :]
-        region = a_idx <= t_idx + 1
-        # cells with r' > l' would be "ondemand" by rule; include them as they are
-        bad = region & (block != act)
-        rows = np.nonzero(bad.any(axis=1))[0]
-        if len(rows) == 0:
-            t_ok = T
-        else:
-            t_ok = int(rows[0]) - 1
-        if t_ok < 0:
-            return 1
-        return first_drop + t_ok * delta

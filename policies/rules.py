@@ -13,6 +13,7 @@ only the clock and the job's progress move).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from fractions import Fraction
 
 from policies.base import Action, Capacity, Decision, JobView, MarketView, Placement
 
@@ -46,6 +47,27 @@ def safety_form(job: JobView, market: MarketView, changeovers: int = 1) -> Form 
     # checkpoint keeps the work); a job that cannot checkpoint gains no safe work.
     running_rate = 0 if job.safe_done_s is not None else 1
     return (s - market.step_s, -1, -1 + running_rate)
+
+
+def share(x: float) -> Fraction:
+    """A share as an exact fraction (so conditions stay in integers)."""
+    return Fraction(x).limit_denominator(1000)
+
+
+def slack_share_form(job: JobView, ratio: Fraction, changeovers: int = 1) -> Form:
+    """``slack - ratio * work at risk >= 0`` as a linear condition (scaled to
+    integers), the slack counting ``changeovers`` changeovers.
+
+    Idle: slack drops 1 s per s, the work stays. Running with checkpoints:
+    slack stays and the work drops 1 s per s; without, slack drops and the
+    work at risk stays.
+    """
+    s = slack_s(job, changeovers)
+    assert s is not None
+    p, q = ratio.numerator, ratio.denominator
+    value = q * s - p * work_at_risk_s(job)
+    running = p if job.safe_done_s is None else -q
+    return (value, -q, running)
 
 
 def needs_ondemand(job: JobView, market: MarketView, changeovers: int = 1) -> bool:

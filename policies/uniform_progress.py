@@ -97,3 +97,25 @@ class UniformProgressPolicy(Policy):
         w = job.work_s
         value = job.done_s * d - (job.elapsed_s + ahead_s) * w
         return (value, -w, d - w)
+
+
+@register
+class UniformProgressRoundRobinPolicy(UniformProgressPolicy):
+    """Uniform Progress over several pools, the ADRS multi-region baseline:
+    the job keeps its pool while that pool has spot; when it has none, the
+    job looks at the next pools in turn (after its last one) and takes the
+    first with spot. With one pool it is Uniform Progress."""
+
+    name = "uniform-progress-rr"
+    description = "Uniform Progress; over several pools, round-robin to the next pool with spot"
+
+    def choose_pool(self, job: JobView, markets: Sequence[MarketView]) -> int:
+        n = len(markets)
+        start = 0 if job.pool is None else job.pool
+        if job.pool is not None and markets[start].spot_available >= job.nodes:
+            return start
+        for step in range(1, n + 1):
+            k = (start + step) % n
+            if markets[k].spot_available >= job.nodes:
+                return k
+        return (start + 1) % n if job.pool is not None else 0

@@ -46,13 +46,17 @@ def _price(text: str, what: str) -> int:
               help="d: hours lost each time the job starts on a new instance (incl. work since the last checkpoint).")
 @click.option("--spot-price", default="0.918", show_default=True, help="USD per instance-hour on spot.")
 @click.option("--ondemand-price", default="3.06", show_default=True, help="USD per instance-hour on on-demand.")
-@click.option("--trace-prices", is_flag=True,
-              help="Use a trace's own spot prices (their mean over each sample) where it has them.")
+@click.option("--oracle-trace-prices", "oracle_trace_prices", is_flag=True,
+              help="ORACLE, not a fair comparison: hand every policy the mean of the trace's own spot "
+                   "prices over the job's future window, where the trace has prices.")
 @click.option("--nodes", type=int, default=1, show_default=True,
               help="Instances the job needs at once (a gang is reclaimed when any node is).")
 @click.option("--starts", type=int, default=100, show_default=True, help="Start offsets per trace.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for start offsets (reproducible).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes to use.")
+@click.option("--pools", "pools", is_flag=True,
+              help="Several spot pools: the traces (time-aligned, one per pool) are the pools of one job; "
+                   "--spot-price may list one price per pool (comma-separated).")
 @click.option("--workload", type=click.Path(exists=True, dir_okay=False),
               help="Workload mode: a JSON or CSV file of jobs, run on the capacity of one trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
@@ -64,11 +68,12 @@ def simulate(
     changeover_hours: float,
     spot_price: str,
     ondemand_price: str,
-    trace_prices: bool,
+    oracle_trace_prices: bool,
     nodes: int,
     starts: int,
     seed: int,
     workers: int,
+    pools: bool,
     workload: str | None,
     as_json: bool,
 ) -> None:
@@ -77,7 +82,7 @@ def simulate(
     from policies import names as policy_names
 
     names = [n.strip() for n in policy_list.split(",") if n.strip()]
-    unknown = [n for n in names if n not in policy_names()]
+    unknown = [n for n in names if n.partition("@")[0] not in policy_names()]
     if unknown:
         raise click.BadParameter(
             f"unknown policy {', '.join(unknown)}; choose from: {', '.join(policy_names())}",
@@ -87,7 +92,10 @@ def simulate(
         raise click.BadParameter("--nodes must be at least 1")
     if starts < 1:
         raise click.BadParameter("--starts must be at least 1")
-    sp = _price(spot_price, "--spot-price")
+    spot_prices = [_price(x.strip(), "--spot-price") for x in spot_price.split(",") if x.strip()]
+    if not spot_prices or (len(spot_prices) > 1 and not pools):
+        raise click.BadParameter("one price (or, with --pools, one per pool)", param_hint="--spot-price")
+    sp = spot_prices[0]
     od = _price(ondemand_price, "--ondemand-price")
     d_s = _hours_to_s(changeover_hours, "--changeover-hours", allow_zero=True)
     try:
@@ -117,6 +125,10 @@ def simulate(
 
     if deadline_hours is None:
         raise click.BadParameter("give --deadline-hours (or --workload FILE)", param_hint="--deadline-hours")
+    if pools:
+        _pools(loaded, names, work_hours, deadline_hours, d_s, spot_prices, od, nodes, starts, seed, workers,
+               as_json, started)
+        return
     from broker.sim.single import Setting, never_beaten, simulate as run, summarize
 
     w_s = _hours_to_s(work_hours, "--work-hours")
@@ -127,7 +139,7 @@ def simulate(
         raise click.ClickException(
             f"no trace offers {nodes} instances at once (largest: {max(t.capacity for t in loaded)}); lower --nodes"
         )
-    setting = Setting(w_s, dl_s, d_s, sp, od, nodes=nodes, trace_prices=trace_prices)
+    setting = Setting(w_s, dl_s, d_s, sp, od, nodes=nodes, oracle_trace_prices=oracle_trace_prices)
     samples = run(usable, names, setting, starts=starts, seed=seed, workers=workers)
     summary = summarize(samples, names)
     problems = never_beaten(samples)
@@ -150,6 +162,53 @@ def simulate(
         from broker.sim.report import summary_table
 
         click.echo(summary_table(out))
+    if problems:
+        click.echo(f"error: a policy beat the offline optimum on {len(problems)} samples", err=True)
+        sys.exit(1)
+
+
+def _pools(loaded, names, work_hours, deadline_hours, d_s, spot_prices, od, nodes, starts, seed, workers,  # type: ignore[no-untyped-def]
+           as_json, started) -> None:
+    from broker.sim.pools import (
+        BEST_POOL_UP, PoolSetting, align, optimum_beaten, pool_market_names, simulate_pools, summarize_pools,
+    )
+
+    try:
+        traces = align(loaded)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if len(spot_prices) == 1:
+        spot_prices = spot_prices * len(traces)
+    if len(spot_prices) != len(traces):
+        raise click.BadParameter(f"{len(spot_prices)} prices for {len(traces)} pools", param_hint="--spot-price")
+    if min(t.capacity for t in traces) < 1 or max(t.capacity for t in traces) < nodes:
+        raise click.ClickException(f"no pool offers {nodes} instances at once; lower --nodes")
+    names = [BEST_POOL_UP if n == "uniform-progress" else n for n in names]
+    names = [n for n in names if n != "omniscient"] + ["omniscient"]
+    setting = PoolSetting(_hours_to_s(work_hours, "--work-hours"), _hours_to_s(deadline_hours, "--deadline-hours"),
+                          d_s, tuple(spot_prices), od, nodes)
+    try:
+        samples = simulate_pools(traces, names, setting, starts=starts, seed=seed, workers=workers)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    pool_names = pool_market_names(traces)
+    problems = optimum_beaten(samples)
+    out = {
+        "summary": summarize_pools(samples, names, pool_names),
+        "samples": len(samples),
+        "pools": [{"name": t.name, "spot_price_usd": p / MICROS_PER_UNIT, "hours": round(t.hours, 1)}
+                  for t, p in zip(traces, spot_prices, strict=True)],
+        "setting": {"work_hours": work_hours, "deadline_hours": deadline_hours, "changeover_hours": d_s / 3600,
+                    "nodes": nodes, "ondemand_price_usd": od / MICROS_PER_UNIT},
+        "optimum_beaten": problems,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        from broker.sim.report import pools_table
+
+        click.echo(pools_table(out))
     if problems:
         click.echo(f"error: a policy beat the offline optimum on {len(problems)} samples", err=True)
         sys.exit(1)

@@ -100,12 +100,18 @@ def run_job(
     *,
     use_hints: bool = True,
     record_runs: bool = False,
+    history_floor: int | None = None,
 ) -> Outcome:
     """Simulate ``job`` submitted at step ``offset`` of ``feed`` for at most ``horizon_steps`` steps.
 
     A job still unfinished at the horizon is finished on on-demand on paper
     (one changeover plus the work left, charged at the on-demand price) and
     counts as having missed its deadline.
+
+    ``history_floor``: the first step the policy may see as history (see
+    ``SpotFeed.history_floor``); by default the end of the job's window
+    (its deadline, or the horizon without one) minus the trace's length, so
+    a replayed trace never shows the job its own future.
     """
     g = feed.gap_s
     d = job.changeover_s
@@ -118,6 +124,10 @@ def run_job(
     end_step = offset + horizon_steps
     if end_step > len(feed):
         raise ValueError("feed too short for this horizon; build it longer")
+    if history_floor is None:
+        window = horizon_steps if job.deadline_s is None else -(-job.deadline_s // g)
+        history_floor = feed.history_floor(offset, window)
+    floor = history_floor
 
     done = 0
     safe = 0
@@ -171,13 +181,13 @@ def run_job(
             reclaims += 1
             after_reclaim = True
             calls += 1
-            dec = policy.on_preempt(view(t), tuple(history), feed.market(i, prices.spot_micros, prices.ondemand_micros))
+            dec = policy.on_preempt(view(t), tuple(history), feed.market(i, prices.spot_micros, prices.ondemand_micros, floor))
             answer = _capacity_of(dec.action)
             hint: int | None = None
             next_call = i + 1
         elif i >= next_call or count != last_count:
             calls += 1
-            pl: Placement = policy.place(view(t), feed.market(i, prices.spot_micros, prices.ondemand_micros))
+            pl: Placement = policy.place(view(t), feed.market(i, prices.spot_micros, prices.ondemand_micros, floor))
             answer = pl.capacity
             hint = pl.recheck_s
             next_call = i + 1 if not use_hints or hint is None else i + max(1, hint // g)

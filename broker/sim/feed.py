@@ -8,6 +8,15 @@ reclaim rate over a look-back window, time since spot was last there).
 The observed numbers are taken as of the last change of availability, so
 they stay fixed between two changes: the simulator only has to ask a policy
 again when something it can see has changed (see ``Placement.recheck_s``).
+
+Replayed traces and the future. A trace shorter than a job's window is
+replayed cyclically, so a step of the trace the job has "seen" may come back
+later in its window: history would then be the job's own future. Every
+question therefore takes a ``floor``: no step before it counts as history
+(uptime, reclaims, run lengths, the age of the current run). The engine sets
+it to the end of the job's window minus the trace's length, so no step of
+the history is ever replayed inside the window; for a job that does not wrap
+the floor is 0 and nothing changes.
 """
 
 from __future__ import annotations
@@ -70,18 +79,19 @@ class SpotFeed:
         # Runs of equal availability: start steps (the first run is cut by the
         # start of the trace, so it is never counted as a whole window).
         self._run_starts = [i for i in range(1, length) if avail[i] != avail[i - 1]]
-        self._stats_cache: dict[int, MarketStats] = {}
+        self._stats_cache: dict[tuple[int, int], MarketStats] = {}
 
     def __len__(self) -> int:
         return len(self.counts)
 
-    def stats(self, i: int) -> MarketStats:
-        """What an observer knows at step i: the look-back window up to the last change."""
-        at = self.last_avail_change[i]
-        hit = self._stats_cache.get(at)
+    def stats(self, i: int, floor: int = 0) -> MarketStats:
+        """What an observer knows at step i: the look-back window up to the last
+        change, never reaching before step ``floor``."""
+        at = max(self.last_avail_change[i], floor)
+        lo = max(0, floor, at - self.lookback_steps)
+        hit = self._stats_cache.get((at, lo))
         if hit is not None:
             return hit
-        lo = max(0, at - self.lookback_steps)
         span = at - lo
         if span <= 0:
             st = MarketStats(None, 0.0, 0)
@@ -91,7 +101,7 @@ class SpotFeed:
             rate = rec / (up * self.gap_s / 3600) if up else (float(rec > 0) * 1e9)
             windows, outages = self._runs(lo, at)
             st = MarketStats(up / span, rate, span * self.gap_s, windows, outages)
-        self._stats_cache[at] = st
+        self._stats_cache[(at, lo)] = st
         return st
 
     def _runs(self, lo: int, at: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -106,9 +116,15 @@ class SpotFeed:
             k += 1
         return tuple(windows), tuple(outages)
 
-    def market(self, i: int, spot_micros: int, ondemand_micros: int) -> MarketView:
-        st = self.stats(i)
-        age = (i - self.last_avail_change[i]) * self.gap_s
+    def history_floor(self, offset: int, window_steps: int) -> int:
+        """The first step a job submitted at ``offset`` with a window of
+        ``window_steps`` may count as history: no earlier step of the trace is
+        replayed inside its window (0 for a job whose window does not wrap)."""
+        return max(0, offset + window_steps - self.trace.steps)
+
+    def market(self, i: int, spot_micros: int, ondemand_micros: int, floor: int = 0) -> MarketView:
+        st = self.stats(i, floor)
+        age = (i - max(self.last_avail_change[i], floor)) * self.gap_s if i >= floor else 0
         down = 0 if self.avail[i] else age
         up = age if self.avail[i] else 0
         return MarketView(

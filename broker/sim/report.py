@@ -60,3 +60,31 @@ def workload_table(out: dict[str, Any]) -> str:
         numbers=True, rule=True,
     )
     return f"{out['jobs']} jobs on {out['trace']}\n{body}\n({out['seconds']} s)"
+
+
+def pools_table(out: dict[str, Any]) -> str:
+    s = out["setting"]
+    pools = [p["name"].rsplit("/", 1)[-1].removesuffix(".json") for p in out["pools"]]
+    head = (
+        f"{out['samples']} samples over {len(pools)} pools; W={s['work_hours']:g} h, "
+        f"D={s['deadline_hours']:g} h, d={s['changeover_hours']:g} h, nodes={s['nodes']}"
+    )
+    rows = []
+    for r in out["summary"]:
+        by_pool = r["spot_hours_by_pool"]
+        rows.append([
+            r["policy"],
+            f"{r['cost_ratio_mean']:.3f}",
+            pct(r["gap_to_optimal_mean"]),
+            pct(r.get("saving_vs_best_pool_up_mean")),
+            pct(r["deadline_met"]),
+            f"{r['ondemand_hours_mean']:.1f}",
+            " / ".join(f"{by_pool[p]:.1f}" for p in pools) if r["policy"] != "omniscient" else "-",
+        ])
+    body = table(
+        rows,
+        ["policy", "cost/on-demand", "gap to optimum", "saving vs best-pool UP", "deadlines met", "on-demand h",
+         "spot h per pool (" + ", ".join(pools) + ")"],
+        numbers=True, rule=True,
+    )
+    return f"{head}\n{body}\n({out['seconds']} s)"

@@ -7,6 +7,7 @@ on-demand (``cost_ratio``) and with the optimum (``gap_to_optimal``).
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import random
 from dataclasses import asdict, dataclass, field
@@ -33,8 +34,10 @@ class Setting:
     """Per instance-hour."""
     ondemand_micros: int
     nodes: int = 1
-    trace_prices: bool = False
-    """Use the trace's own spot prices (their mean over each sample) where it has them."""
+    oracle_trace_prices: bool = False
+    """An oracle, off in every benchmark: hand every policy the mean of the
+    trace's own spot prices over the job's future window (the optimum assumes
+    one spot price), where the trace has prices."""
 
     def describe(self) -> dict[str, object]:
         out = asdict(self)
@@ -64,6 +67,21 @@ class Sample:
     results: dict[str, PolicyResult] = field(default_factory=dict)
 
 
+def policy_of(spec: str) -> Policy:
+    """A policy by name, or by ``name@key=value;key=value`` with constructor
+    arguments (values read as JSON where they parse, else as text): how the
+    benchmarks try a variant without registering it."""
+    name, _, args = spec.partition("@")
+    kwargs: dict[str, object] = {}
+    for part in filter(None, args.split(";")):
+        key, _, text = part.partition("=")
+        try:
+            kwargs[key.strip()] = json.loads(text)
+        except ValueError:
+            kwargs[key.strip()] = text
+    return from_name(name, **kwargs)
+
+
 def _result(o: Outcome) -> PolicyResult:
     return PolicyResult(o.cost_us, o.deadline_met, o.spot_s, o.ondemand_s, o.reclaims, o.lost_s)
 
@@ -81,7 +99,7 @@ class _Worker:
         self.s = setting
         self.starts = starts
         self.seed = seed
-        self.policies: dict[str, Policy] = {n: from_name(n) for n in names if n != OPTIMUM}
+        self.policies: dict[str, Policy] = {n: policy_of(n) for n in names if n != OPTIMUM}
         self._feeds: dict[int, SpotFeed] = {}
         g_steps = [self.steps(t) for t in self.traces]
         self.horizons = [h for _, h in g_steps]
@@ -112,7 +130,7 @@ class _Worker:
         feed = self.feed(k)
         need, horizon = self.steps(tr)
         spot = s.spot_micros
-        if s.trace_prices:
+        if s.oracle_trace_prices:
             mean = tr.mean_price_usd(offset, need)
             if mean is not None:
                 spot = _usd_to_micros(mean)

@@ -157,6 +157,9 @@ class _Run:
     od_s: int = 0
     lost_s: int = 0
     gave_up: bool = False
+    owned: bool = False
+    """Runs on one of the cluster's own nodes (never reclaimed, no marginal cost)."""
+    owned_s: int = 0
 
 
 def run_workload(
@@ -167,8 +170,18 @@ def run_workload(
     ondemand_micros: int,
     changeover_s: int,
     seed: int = 0,
+    owned_nodes: int = 0,
+    owned_micros: int = 0,
+    owned_hours: float | None = None,
 ) -> dict[str, Any]:
-    """Run the workload under each policy (the optimum is single-job only and is skipped)."""
+    """Run the workload under each policy (the optimum is single-job only and is skipped).
+
+    ``owned_nodes``: the cluster's own nodes. A job that is not running takes
+    free owned nodes first (in order of arrival) and keeps them to the end;
+    only the others are placed by the policy (spot, on-demand or wait). Owned
+    nodes cost ``owned_micros`` per node-hour whether busy or not, over
+    ``owned_hours`` (default: until the last job ends); the summary's
+    ``cost_usd`` includes that fixed cost."""
     g = trace.gap_s
     last = max(j.arrival_s + (j.deadline_s or 0) + 3 * j.work_s for j in jobs)
     steps = -(-last // g) + 1
@@ -178,7 +191,8 @@ def run_workload(
         if name == "omniscient":
             continue
         summary.append(
-            _one_policy(from_name(name), trace, jobs, feeds, steps, spot_micros, ondemand_micros, changeover_s, seed)
+            _one_policy(from_name(name), trace, jobs, feeds, steps, spot_micros, ondemand_micros, changeover_s, seed,
+                        owned_nodes, owned_micros, owned_hours)
         )
     return {"trace": trace.name, "jobs": len(jobs), "summary": summary}
 
@@ -193,20 +207,39 @@ def _one_policy(
     od: int,
     changeover_s: int,
     seed: int,
+    owned_nodes: int = 0,
+    owned_micros: int = 0,
+    owned_hours: float | None = None,
 ) -> dict[str, Any]:
     g = trace.gap_s
+    last_end = 0
     rng = random.Random(seed)
     runs = [_Run(j, j.changeover_s if j.changeover_s is not None else changeover_s) for j in jobs]
     order = sorted(range(len(runs)), key=lambda k: (runs[k].job.arrival_s, k))
     # What the daemon observes: reclaims per hour held on spot, over every job so far.
     held_s = 0
     seen_reclaims = 0
+    # A trace shorter than the workload is replayed: history never reaches
+    # back to a step that comes back later (see SpotFeed).
+    floor = max(0, steps - trace.steps)
     for i in range(steps):
         t = i * g
         capacity = feeds[1].counts[i] if 1 in feeds else next(iter(feeds.values())).counts[i]
         active = [runs[k] for k in order if runs[k].job.arrival_s <= t and runs[k].finished_s is None and not runs[k].gave_up]
         if not active and all(r.finished_s is not None or r.gave_up for r in runs):
             break
+        # Owned nodes first: an idle job takes free owned nodes and keeps them.
+        owned_free = owned_nodes - sum(r.job.nodes for r in active if r.owned)
+        for r in active:
+            if not r.owned and r.cur is Capacity.NONE and r.job.nodes <= owned_free:
+                r.owned, r.cur, r.overhead, r.started_step = True, Capacity.ONDEMAND, r.d, i
+                owned_free -= r.job.nodes
+        owned_runs = [r for r in active if r.owned]
+        for r in owned_runs:
+            _advance(r, t - r.job.arrival_s, g, 0, 0)
+            if r.finished_s is not None:
+                last_end = max(last_end, r.job.arrival_s + r.finished_s)
+        active = [r for r in active if not r.owned]
         # Reclaim gangs, in a seeded random order, until the rest fits.
         on_spot = [r for r in active if r.cur is Capacity.SPOT]
         rng.shuffle(on_spot)
@@ -224,7 +257,7 @@ def _one_policy(
             feed = feeds[r.job.nodes]
             others = used - (r.job.nodes if r.cur is Capacity.SPOT and id(r) not in reclaimed else 0)
             free = max(0, capacity - others)
-            market = feed.market(i, sp, od)
+            market = feed.market(i, sp, od, floor)
             rate = market.spot_reclaim_rate_per_hour if observed is None else max(observed, market.spot_reclaim_rate_per_hour)
             market = replace(market, spot_available=free, spot_reclaim_rate_per_hour=rate)
             if id(r) in reclaimed:
@@ -265,6 +298,8 @@ def _one_policy(
             if r.cur is Capacity.SPOT:
                 held_s += g
             _advance(r, rel, g, sp, od)
+            if r.finished_s is not None:
+                last_end = max(last_end, r.job.arrival_s + r.finished_s)
     total = sum(r.cost_us for r in runs)
     baseline = 0
     for r in runs:
@@ -273,7 +308,9 @@ def _one_policy(
             r.cost_us += od * r.job.nodes * r.job.gpus_per_node * extra
             r.od_s += extra
         baseline += od * r.job.nodes * r.job.gpus_per_node * (r.job.work_s + r.d)
-    total = sum(r.cost_us for r in runs)
+    hours = owned_hours if owned_hours is not None else last_end / 3600
+    owned_fixed = int(owned_nodes * owned_micros * hours * 3600)
+    total = sum(r.cost_us for r in runs) + owned_fixed
     with_deadline = [r for r in runs if r.job.deadline_s is not None]
     met = [r for r in with_deadline if r.finished_s is not None and r.finished_s <= r.job.deadline_s]  # type: ignore[operator]
     gpus = lambda r: r.job.nodes * r.job.gpus_per_node  # noqa: E731
@@ -286,7 +323,9 @@ def _one_policy(
         "unfinished": sum(r.finished_s is None for r in runs),
         "gpu_hours_lost_to_reclaims": sum(r.lost_s * gpus(r) for r in runs) / 3600,
         "spot_gpu_hours": sum(r.spot_s * gpus(r) for r in runs) / 3600,
-        "ondemand_gpu_hours": sum(r.od_s * gpus(r) for r in runs) / 3600,
+        "ondemand_gpu_hours": sum(r.od_s * gpus(r) for r in runs if not r.owned) / 3600,
+        "owned_gpu_hours": sum(r.od_s * gpus(r) for r in runs if r.owned) / 3600,
+        "owned_fixed_usd": owned_fixed / 3600 / MICROS_PER_UNIT,
         "reclaims": sum(r.reclaims for r in runs),
     }
 

@@ -23,7 +23,7 @@ SETS = {
     "V100 preemption traces": sorted((ROOT / "preemption/1-node/aws-04-22-2023").glob("*.json")),
 }
 PAPER = {"greedy": (30.8, 17.2), "uniform-progress": (25.1, 22.9), "omniscient": (20.7, 27.4)}
-NAMES = ["greedy", "uniform-progress", "gbroker", "omniscient"]
+NAMES = ["greedy", "uniform-progress", "gepa", "gbroker-markov", "gbroker", "omniscient"]
 
 
 def main() -> None:

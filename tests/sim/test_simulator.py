@@ -21,7 +21,7 @@ from policies import from_name
 from tests.sim.brute import brute_optimum
 
 REAL = Path(__file__).resolve().parents[3] / "shared/traces/spot/availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json"
-ONLINE = ["ondemand", "greedy", "uniform-progress", "gbroker", "simple"]
+ONLINE = ["ondemand", "greedy", "uniform-progress", "gepa", "gbroker", "simple"]
 
 
 def random_case(seed: int) -> tuple[list[bool], int, int, int, int, int, int]:
@@ -85,7 +85,7 @@ def test_optimum_replays_exactly_and_is_never_beaten(seed: int) -> None:
             assert out.deadline_met, name
 
 
-@pytest.mark.parametrize("name", ["greedy", "uniform-progress", "gbroker", "omniscient"])
+@pytest.mark.parametrize("name", ["greedy", "uniform-progress", "gepa", "gbroker", "omniscient"])
 def test_jumping_ahead_gives_the_same_result_as_asking_every_step(name: str) -> None:
     for seed in range(6):
         tr = synthetic_trace(100 + seed)
@@ -235,7 +235,7 @@ def test_gbroker_with_empirical_lengths_jumps_ahead_safely() -> None:
     # age-conditioned model is in play; its hints must not skip a change.
     tr = load_traces([REAL])[0]
     d = 720
-    pol = from_name("gbroker", empirical=True)
+    pol = from_name("gbroker-markov", empirical=True)
     for offset in (1500, 2100, 2700):
         W, D = 12 * 3600, 16 * 3600
         feed = SpotFeed(tr, 1, offset + 200)
@@ -246,3 +246,20 @@ def test_gbroker_with_empirical_lengths_jumps_ahead_safely() -> None:
         b = run_job(pol, SimJob(W, D, d), feed, offset, prices, horizon, use_hints=False)
         assert (a.cost_us, a.finished_s, a.reclaims) == (b.cost_us, b.finished_s, b.reclaims)
         assert a.deadline_met
+
+
+def test_a_replayed_trace_never_shows_a_job_its_own_future() -> None:
+    # 100 steps replayed for a 150-step window from step 30: steps 30..99 and
+    # 0..79 come back, so at the start nothing may count as history, and
+    # later only what will not come back before the deadline (from step 80).
+    data = [1, 1, 0, 1, 0] * 20
+    tr = Trace("short", 60, tuple(data))
+    feed = SpotFeed(tr, 1, 400)
+    floor = feed.history_floor(30, 150)
+    assert floor == 80
+    start = feed.market(30, 1, 2, floor)
+    assert start.lookback_s == 0 and start.spot_uptime_fraction is None and start.spot_windows_s == ()
+    later = feed.market(120, 1, 2, floor)
+    assert 0 < later.lookback_s <= (120 - 80) * 60
+    # a window that does not wrap sees its whole past, as before
+    assert feed.history_floor(30, 60) == 0 and feed.market(30, 1, 2, 0).lookback_s == 30 * 60

@@ -152,8 +152,8 @@ def test_stable_for_bounds() -> None:
     assert stable_for([(5, 0, 1)]) is None
 
 
-def test_gbroker_leaves_ondemand_only_for_a_window_that_lasted() -> None:
-    p = from_name("gbroker")
+def test_gbroker_markov_leaves_ondemand_only_for_a_window_that_lasted() -> None:
+    p = from_name("gbroker-markov")
     kw = dict(spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2, lookback_s=7 * 24 * H)
     on_od = job(deadline_s=96 * H, current=Capacity.ONDEMAND)
     fresh = p.place(on_od, MarketView(spot_available=1, spot_up_s=60, **kw))  # type: ignore[arg-type]
@@ -190,11 +190,11 @@ def test_empirical_residual_life_given_age() -> None:
         assert all(q(age + k) == q(age) for k in range(t))
 
 
-def test_gbroker_judges_a_window_by_what_windows_of_its_age_did() -> None:
+def test_gbroker_markov_judges_a_window_by_what_windows_of_its_age_did() -> None:
     # The reclaim rate alone says windows last 10 hours on average, but every
     # window seen lasted 2000 s: one of 1440 s has little left, so stay on
     # on-demand, and ask again before that evidence runs out.
-    p = from_name("gbroker", empirical=True)
+    p = from_name("gbroker-markov", empirical=True)
     kw = dict(spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.1, lookback_s=7 * 24 * H,
               spot_windows_s=(2000,) * 20, spot_outages_s=(H,) * 20, spot_down_s=0)
     on_od = job(deadline_s=72 * H, current=Capacity.ONDEMAND)
@@ -206,12 +206,12 @@ def test_gbroker_judges_a_window_by_what_windows_of_its_age_did() -> None:
     assert seen.capacity is Capacity.ONDEMAND
     assert seen.recheck_s is not None and seen.recheck_s <= 2000 - 2 * 720
     # Off by default: the default policy does not read the lengths.
-    assert from_name("gbroker").place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw)).capacity is Capacity.SPOT  # type: ignore[arg-type]
+    assert from_name("gbroker-markov").place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **kw)).capacity is Capacity.SPOT  # type: ignore[arg-type]
 
 
-def test_gbroker_paces_waiting_so_slack_is_not_burnt_early() -> None:
+def test_gbroker_markov_paces_waiting_so_slack_is_not_burnt_early() -> None:
     # W 48 h, D 60 h, d 0.2 h: 11.8 h of slack; margin 0.35 -> 4.13 h ahead of the even pace.
-    paced, unpaced = from_name("gbroker"), from_name("gbroker", pace_margin=None)
+    paced, unpaced = from_name("gbroker-markov"), from_name("gbroker-markov", pace_margin=None)
     calm_down = MarketView(spot_available=0, spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=0.2,
                            lookback_s=7 * 24 * H, spot_down_s=H)
     early = job(elapsed_s=4 * H)  # spent 4 h, allowed 0.79 + 4.13 h: may wait
@@ -230,3 +230,37 @@ def test_gbroker_paces_waiting_so_slack_is_not_burnt_early() -> None:
     assert paced.place(on_od, calm_down).capacity is Capacity.ONDEMAND
     caught_up = job(deadline_s=96 * H, elapsed_s=30 * H, done_s=10 * H, current=Capacity.ONDEMAND)  # spent 20 h
     assert paced.place(caught_up, calm_down).capacity is Capacity.NONE
+
+
+def test_gepa_follows_spot_keeps_ondemand_in_outages_and_waits_on_slack() -> None:
+    p = from_name("gepa")
+    # W 48 h, D 60 h, d 0.2 h: slack 11.8 h, a fifth of the work is 9.6 h.
+    assert p.place(job(), UP).capacity is Capacity.SPOT
+    assert p.place(job(current=Capacity.ONDEMAND), UP).capacity is Capacity.SPOT  # back to spot at once
+    assert p.place(job(current=Capacity.ONDEMAND), DOWN).capacity is Capacity.ONDEMAND
+    wait = p.place(job(), DOWN)
+    assert wait.capacity is Capacity.NONE
+    # waiting burns slack 1 s per s: on-demand once it is under 9.6 h, 2.2 h from now
+    assert wait.recheck_s is not None and abs(wait.recheck_s - int(2.2 * H)) <= 2
+    assert p.place(job(elapsed_s=int(2.3 * H)), DOWN).capacity is Capacity.ONDEMAND
+    # the shared safety net has the last word
+    assert p.place(job(elapsed_s=12 * H - 720 - 300), UP).capacity is Capacity.ONDEMAND
+
+
+def test_gbroker_is_choosy_about_windows_only_when_round_trips_are_scarce() -> None:
+    p = from_name("gbroker")
+    on_od = job(current=Capacity.ONDEMAND)  # slack 11.8 h: 29 round trips of 2 x 0.2 h
+    busy = dict(spot_uptime_fraction=0.8, spot_reclaim_rate_per_hour=1.0, lookback_s=7 * 24 * H)
+    # about 48 windows to come in 60 h: scarce, so a fresh window is not worth leaving on-demand for
+    fresh = p.place(on_od, MarketView(spot_available=1, spot_up_s=60, **busy))  # type: ignore[arg-type]
+    assert fresh.capacity is Capacity.ONDEMAND and fresh.recheck_s is not None and fresh.recheck_s <= 2 * 720 - 60
+    assert p.place(on_od, MarketView(spot_available=1, spot_up_s=2 * 720, **busy)).capacity is Capacity.SPOT  # type: ignore[arg-type]
+    # about 10 windows to come: take every one
+    calm = dict(busy, spot_reclaim_rate_per_hour=0.2)
+    assert p.place(on_od, MarketView(spot_available=1, spot_up_s=60, **calm)).capacity is Capacity.SPOT  # type: ignore[arg-type]
+    # in an outage: stay on on-demand; from waiting, wait while the slack is above 12 % of the work
+    assert p.place(on_od, DOWN).capacity is Capacity.ONDEMAND
+    assert p.place(job(), DOWN).capacity is Capacity.NONE
+    # slack 60 - 48 - 0.2 - elapsed against 0.12 x 48 = 5.76 h
+    assert p.place(job(elapsed_s=int(5.9 * H)), DOWN).capacity is Capacity.NONE
+    assert p.place(job(elapsed_s=int(6.1 * H)), DOWN).capacity is Capacity.ONDEMAND
