@@ -42,13 +42,18 @@ def _lane() -> int:
 
 
 def _use_lane_cluster(lane: int) -> None:
-    """Point this process (and every command it starts) at its lane's own dev cluster."""
-    if lane == 0:
+    """Point this process (and every command it starts) at its lane's own dev cluster.
+
+    Once per process tree: this module is imported again under another name by a test
+    that imports it (tests.integration.conftest), and children inherit the environment.
+    """
+    if lane == 0 or os.environ.get("GBROKER_TEST_LANE") == str(lane):
         return
     base = os.environ.get("GBROKER_DEVCLUSTER_DIR", str(DEFAULT_STATE_DIR)).rstrip("/")
     offset = int(os.environ.get("GBROKER_DEVCLUSTER_PORT_OFFSET", "0") or 0)
     os.environ["GBROKER_DEVCLUSTER_DIR"] = f"{base}-{lane}"
     os.environ["GBROKER_DEVCLUSTER_PORT_OFFSET"] = str(offset + LANE_PORT_STEP * lane)
+    os.environ["GBROKER_TEST_LANE"] = str(lane)
 
 
 _use_lane_cluster(_lane())
