@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from broker.checkpoint import RESUME_EXIT, checkpoint_dir, latest_checkpoint, record_save  # noqa: E402
+from broker.checkpoint import RESUME_EXIT, checkpoint_dir, latest_checkpoint, record_finished, record_save  # noqa: E402
 from examples._results import record_attempt, step_seconds  # noqa: E402
 
 _stop_requested = False
@@ -112,6 +112,8 @@ def main() -> None:
         record_attempt(args.out, resumed_from_step=start, last_step=step, total_steps=args.steps,
                        stopped_by_signal=stopped, resumed_from=resume)
         print(f"{'stopped on a signal' if stopped else 'done'}: step {step}", flush=True)
+        if not stopped:
+            record_finished()  # all the work is done, whatever the launcher's exit says
     dist.barrier()
     dist.destroy_process_group()
     if stopped:

@@ -59,6 +59,7 @@ from broker.checkpoint.manifest import (
     last_saved_at,
     latest_checkpoint,
     read_manifest,
+    record_finished,
     record_save,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "last_saved_at",
     "latest_checkpoint",
     "read_manifest",
+    "record_finished",
     "record_save",
 ]
 

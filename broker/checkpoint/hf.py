@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from broker.checkpoint.manifest import RESUME_EXIT, record_save
+from broker.checkpoint.manifest import RESUME_EXIT, record_finished, record_save
 
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 _JIT_INCOMPLETE = "checkpoint-is-incomplete.txt"
@@ -143,8 +143,11 @@ def _build() -> type:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             self._previous = {}
-            if self.stopped_by_signal and self.exit_code is not None:
-                raise SystemExit(self.exit_code)
+            if self.stopped_by_signal:
+                if self.exit_code is not None:
+                    raise SystemExit(self.exit_code)
+            elif state.is_world_process_zero and state.max_steps and state.global_step >= state.max_steps:
+                record_finished(self.directory)
 
         def _record(self, path: str, state: Any) -> None:
             self.last_saved_step = int(state.global_step)

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from broker.checkpoint.manifest import RESUME_EXIT, record_save
+from broker.checkpoint.manifest import RESUME_EXIT, record_finished, record_save
 
 _HPC_NAME = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
 
@@ -146,6 +146,12 @@ def _build() -> type:
             for sig in self.stop_signals:
                 if signal.getsignal(sig) in (signal.SIG_DFL, None):
                     self._previous[sig] = signal.signal(sig, self._on_signal)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            # Lightning calls this only when fit ran to its end (a stop raises instead).
+            finished = getattr(getattr(trainer, "fit_loop", None), "done", True)
+            if trainer.is_global_zero and finished and not self._stopping and not getattr(trainer, "interrupted", False):
+                record_finished(self.directory)
 
         def _on_signal(self, signum: int, frame: object) -> None:
             self._requested = True

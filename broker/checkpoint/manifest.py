@@ -37,6 +37,11 @@ STOPPED_MARKER = ".gbroker-stopped-"
 """A save made because a stop signal came leaves ``<dir>/.gbroker-stopped-<attempt>``: gbroker's
 batch script then ends the run as "resume me" even when a launcher (torchrun, accelerate) turned
 the program's 75 into 1."""
+FINISHED_MARKER = ".gbroker-finished-"
+"""A program that has done all its work leaves ``<dir>/.gbroker-finished-<attempt>``
+(:func:`record_finished`): when the time-limit warning reaches its launcher while it is
+shutting down (torchrun then ends with status 1), gbroker's batch script still ends the run
+as completed rather than out of time."""
 
 
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> Path | None:
@@ -102,6 +107,19 @@ def record_save(
     if reason == "signal":
         (base / f"{STOPPED_MARKER}{manifest['attempt']}").touch()
     return manifest
+
+
+def record_finished(directory: str | os.PathLike[str] | None = None) -> bool:
+    """Record that the program has done all its work in this attempt (call it from rank zero).
+
+    Returns False when there is no checkpoint directory (outside gbroker and none given).
+    """
+    base = checkpoint_dir(directory)
+    if base is None:
+        return False
+    base.mkdir(parents=True, exist_ok=True)
+    (base / f"{FINISHED_MARKER}{current_attempt()}").touch()
+    return True
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:

@@ -18,7 +18,9 @@ Slurm's signals:
 * The exit status says how the run ended, for gbroker: 75 (EX_TEMPFAIL) when
   the program saved and asks to go on in a new run (its own 75, or the mark
   gbroker's checkpoint callbacks leave when they stop on a signal, since
-  launchers turn a worker's 75 into 1); 124 when it ended badly after the
+  launchers turn a worker's 75 into 1); 0 when it ended badly after the
+  time-limit warning but had marked all its work done (a launcher the warning
+  reached while it shut down); 124 when it ended badly after the
   time-limit warning (it ran out of time; not a failure to retry); else the
   program's own status.
 
@@ -42,7 +44,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from broker.checkpoint.manifest import RESUME_EXIT, STOPPED_MARKER
+from broker.checkpoint.manifest import FINISHED_MARKER, RESUME_EXIT, STOPPED_MARKER
 from broker.errors import SpecError
 from broker.spec import WARNING_SIGNALS, check_env_name
 
@@ -113,6 +115,9 @@ fi
 if [ "$status" -eq __RESUME__ ] || [ -e "$GBROKER_CHECKPOINT_DIR/__STOPPED__$GBROKER_ATTEMPT" ]; then
     note "the program saved and asks to go on in a new run"
     status=__RESUME__
+elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ] && [ -e "$GBROKER_CHECKPOINT_DIR/__FINISHED__$GBROKER_ATTEMPT" ]; then
+    note "the program had done all its work when the time-limit warning came (status $status): completed"
+    status=0
 elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ]; then
     note "the program ended (status $status) after the time-limit warning: it ran out of time"
     status=__TIMED_OUT__
@@ -235,5 +240,6 @@ def render_batch_script(
     )
     runner = (RUNNER.replace("__COMMAND__", command_line).replace("__TRAPS__", trap_lines)
               .replace("__RESUME__", str(RESUME_EXIT)).replace("__TIMED_OUT__", str(TIMED_OUT_EXIT))
-              .replace("__STOPPED__", STOPPED_MARKER))
+              .replace("__STOPPED__", STOPPED_MARKER)
+              .replace("__FINISHED__", FINISHED_MARKER))
     return HEADER + "\n".join(lines) + "\n" + runner

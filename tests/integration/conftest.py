@@ -3,8 +3,14 @@
 The `slurm_cluster` fixture brings the cluster up once per session when
 `devcluster status` says it is not healthy, and fails loudly (with the
 devcluster log tail) when it cannot: integration tests never skip.
-Every test that uses the fixture is marked `slurm`; tests marked `last`
-run after everything else (the teardown test stops the cluster).
+Every test that uses the fixture is marked `slurm`.
+
+Lanes: `contrib/dev/test` runs the suite in parallel test processes
+(pytest-xdist), and each process has a dev cluster of its own, so the tests
+of one lane never see another lane's jobs, nodes, hooks or controller
+restarts. Worker ``gwN`` uses lane N: the state directory
+``$GBROKER_DEVCLUSTER_DIR-N`` with every port moved up by 100 x N (lane 0,
+and a run without xdist, use the default cluster).
 """
 
 from __future__ import annotations
@@ -23,8 +29,34 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "contrib" / "slurm" / "devcluster"
 DEFAULT_STATE_DIR = Path("/tmp/gbroker-devcluster")
+LANE_PORT_STEP = 100
+"""Ports of lane N's cluster are the default ones plus N times this."""
 
 T = TypeVar("T")
+
+
+def _lane() -> int:
+    """This test process's lane: xdist worker gwN is lane N; a run without xdist is lane 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+def _use_lane_cluster(lane: int) -> None:
+    """Point this process (and every command it starts) at its lane's own dev cluster.
+
+    Once per process tree: this module is imported again under another name by a test
+    that imports it (tests.integration.conftest), and children inherit the environment.
+    """
+    if lane == 0 or os.environ.get("GBROKER_TEST_LANE") == str(lane):
+        return
+    base = os.environ.get("GBROKER_DEVCLUSTER_DIR", str(DEFAULT_STATE_DIR)).rstrip("/")
+    offset = int(os.environ.get("GBROKER_DEVCLUSTER_PORT_OFFSET", "0") or 0)
+    os.environ["GBROKER_DEVCLUSTER_DIR"] = f"{base}-{lane}"
+    os.environ["GBROKER_DEVCLUSTER_PORT_OFFSET"] = str(offset + LANE_PORT_STEP * lane)
+    os.environ["GBROKER_TEST_LANE"] = str(lane)
+
+
+_use_lane_cluster(_lane())
 
 
 def _state_dir() -> Path:
@@ -142,9 +174,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark cluster users `slurm`; run `last` tests after all others (stable order)."""
+    """Mark cluster users `slurm`."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
-    items[:] = ([i for i in items if i.get_closest_marker("last") is None]
-                + [i for i in items if i.get_closest_marker("last") is not None])

@@ -248,6 +248,7 @@ def _our_processes(state_dir: Path) -> list[int]:
     namespace of their node's slurmd.
     """
     conf = f"SLURM_CONF={state_dir}/slurm.conf".encode()
+    named = re.compile(re.escape(str(state_dir)).encode() + rb"(?=[/\0]|$)")  # never another cluster's dir-N
     me = os.readlink("/proc/self/ns/time")
     found, node_ns = set(), set()
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
@@ -260,7 +261,7 @@ def _our_processes(state_dir: Path) -> list[int]:
             ns = os.readlink(f"/proc/{pid}/ns/time")
         except OSError:
             continue
-        if str(state_dir).encode() in cmd or (conf in env and comm in SLURM_DAEMONS):
+        if named.search(cmd) or (conf in env and comm in SLURM_DAEMONS):
             found.add(pid)
             if ns != me:
                 node_ns.add(ns)
@@ -308,7 +309,6 @@ def test_up_restarts_an_agent_started_from_another_checkout(slurm_cluster: Slurm
             stray.kill()
 
 
-@pytest.mark.last
 def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     node = pick_node(slurm_cluster, prefer_awake=True)
     # --no-requeue: the next `up` ends this job (NODE_FAIL) instead of running it again.
@@ -328,3 +328,7 @@ def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path
     status = subprocess.run([str(slurm_cluster.devcluster), "status"], check=False,
                             capture_output=True, text=True, env=slurm_cluster.env, timeout=60)
     assert status.returncode != 0
+    # And up again, from the state it left: the tests after this one use the same cluster.
+    up = subprocess.run([str(slurm_cluster.devcluster), "up"], check=False,
+                        capture_output=True, text=True, env=slurm_cluster.env, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr

@@ -35,7 +35,7 @@ from broker.db.engine import make_engine
 from broker.db.models import Event
 from broker.money.amount import cost_micros, parse_money
 from broker.nodes.providers.local import LocalProvider
-from broker_fixtures import DEVCLUSTER, SRC, BrokerDaemon, public_dir
+from broker_fixtures import DEVCLUSTER, SRC, BrokerDaemon, power_down_idle, public_dir
 
 pytestmark = pytest.mark.slurm
 
@@ -185,6 +185,9 @@ def test_burst_ends_every_node_released_in_idle_plus_a_tick_but_not_while_a_fitt
     node_daemon: BrokerDaemon, slurm_cluster: Any
 ) -> None:
     d = node_daemon
+    # From powered-down nodes, so the burst's power-ups go through the hook and this
+    # daemon bills their sessions (an earlier test of this lane may have left them up).
+    power_down_idle(slurm_cluster, "spot")
     t0 = datetime.now(UTC).replace(microsecond=0)
     # The burst: three short jobs on spot3, one job filling spot4 a little longer, and a
     # two-node job that needs both, so it waits (Resources) while spot3 sits idle for longer

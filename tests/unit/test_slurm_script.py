@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.checkpoint import record_finished
 from broker.errors import SpecError
 from broker.slurm.script import HEADER, TIMED_OUT_EXIT, render_batch_script
 
@@ -207,6 +208,24 @@ def test_usr1_is_forwarded_and_the_script_waits_for_the_real_exit(tmp_path: Path
     # The program ended badly (7) after the time-limit warning without asking to go on:
     # the script says it ran out of time (124), not that it failed.
     assert code == TIMED_OUT_EXIT
+
+
+def test_a_program_that_marked_its_work_done_is_not_out_of_time_when_the_warning_ends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's agent dies of a warning that comes while it shuts down after its workers finished."""
+    proc, _ = _start(tmp_path, "exit-after-signal")
+    monkeypatch.setenv("GBROKER_ATTEMPT", "3")
+    assert record_finished(tmp_path / "ck dir")  # as the program's rank zero does at its end
+    assert (tmp_path / "ck dir" / ".gbroker-finished-3").exists()  # this attempt's mark
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=15) == 0
+
+
+def test_a_finished_mark_of_another_attempt_does_not_count(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, "exit-after-signal")
+    (tmp_path / "ck dir" / ".gbroker-finished-2").touch()
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=15) == TIMED_OUT_EXIT
 
 
 def test_term_is_forwarded_and_repeated_signals_keep_waiting(tmp_path: Path) -> None:

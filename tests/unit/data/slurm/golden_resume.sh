@@ -67,6 +67,9 @@ fi
 if [ "$status" -eq 75 ] || [ -e "$GBROKER_CHECKPOINT_DIR/.gbroker-stopped-$GBROKER_ATTEMPT" ]; then
     note "the program saved and asks to go on in a new run"
     status=75
+elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ] && [ -e "$GBROKER_CHECKPOINT_DIR/.gbroker-finished-$GBROKER_ATTEMPT" ]; then
+    note "the program had done all its work when the time-limit warning came (status $status): completed"
+    status=0
 elif [ "$warned" -eq 1 ] && [ "$status" -ne 0 ]; then
     note "the program ended (status $status) after the time-limit warning: it ran out of time"
     status=124
