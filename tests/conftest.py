@@ -169,21 +169,19 @@ LANE_ORDER = (
     ("tests/frameworks/test_lightning.py", 40),
 )
 WHOLE_FILE_DIRS = ("tests/integration/", "tests/frameworks/")
-"""Files here run whole in one lane: their module fixtures (a node daemon, switched
-cluster hooks, a moto server) and their cluster state belong to one lane's cluster."""
+"""Their files go first. Every file runs whole in one lane (``--dist loadfile``): its
+module fixtures (a node daemon, switched cluster hooks, a moto server) and the cluster
+state it changes belong to one lane's cluster."""
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep each integration file in one lane, and hand out the longest files first."""
+    """Hand out the longest files first, then the unit tests (stable: file order is kept)."""
     rank = {path: i for i, (path, _seconds) in enumerate(LANE_ORDER)}
-    whole: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        if path.startswith(WHOLE_FILE_DIRS):
-            item.add_marker(pytest.mark.xdist_group(path))
-            whole.append(item)
-        else:
-            rest.append(item)
-    whole.sort(key=lambda i: rank.get(i.nodeid.split("::", 1)[0], len(rank)))  # stable: file order kept
+    whole = [i for i in items if _file_of(i).startswith(WHOLE_FILE_DIRS)]
+    rest = [i for i in items if not _file_of(i).startswith(WHOLE_FILE_DIRS)]
+    whole.sort(key=lambda i: rank.get(_file_of(i), len(rank)))
     items[:] = whole + rest
