@@ -169,7 +169,8 @@ LANE_ORDER = (
     ("tests/frameworks/test_lightning.py", 40),
 )
 WHOLE_FILE_DIRS = ("tests/integration/", "tests/frameworks/")
-"""Their files go first. Every file runs whole in one lane (``--dist loadfile``): its
+"""Their files go first. Every file runs whole in one lane (``--dist loadfile``, in this
+order: ``--no-loadscope-reorder``, else xdist puts the files with most tests first): its
 module fixtures (a node daemon, switched cluster hooks, a moto server) and the cluster
 state it changes belong to one lane's cluster."""
 
