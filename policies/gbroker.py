@@ -107,23 +107,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.leave_ratio = None if leave_ratio is None else share(leave_ratio)
 
     def place(self, job: JobView, market: MarketView) -> Placement:
-        if not job.interruptible:
-            return Placement(Capacity.ONDEMAND, "not interruptible", NEVER_CHANGES_S)
-        spot = spot_usable(job, market)
-        if job.deadline_s is None:
-            return self._no_deadline(job, market, spot)
-        net = safety_form(job, market, 1)
-        assert net is not None
-        if net[0] < 0:
-            return placed(Capacity.ONDEMAND, "safety net: no slack left", [])
-        if not job.checkpointable:
-            return self._no_checkpoint(job, market, spot, net)
-        if (
-            job.budget_left_micros is not None
-            and job.budget_left_micros < market.ondemand_price_micros * job.gpus * job.work_left_s // 3600
-        ):
-            cap = Capacity.SPOT if spot else Capacity.NONE
-            return placed(cap, "budget too small for on-demand: cheapest route", [net])
+        first = self._settled_first(job, market)
+        if isinstance(first, Placement):
+            return first
+        spot, net = first
         if job.current is Capacity.ONDEMAND:
             return self._from_ondemand(job, market, spot, net)
         if spot:

@@ -50,6 +50,7 @@ from policies.empirical import mean_s, residual_s, residual_stable_s
 from policies.markov import ONDEMAND, SPOT, WAIT, TableKey, build, step_probabilities
 from policies.rules import (
     NEVER_CHANGES_S,
+    Form,
     decision_of,
     placed,
     safety_form,
@@ -128,7 +129,10 @@ class GBrokerMarkovPolicy(Policy):
         return int(self.prove_changeovers * job.changeover_s)
 
     # -- the decision -------------------------------------------------------
-    def place(self, job: JobView, market: MarketView) -> Placement:
+    def _settled_first(self, job: JobView, market: MarketView) -> Placement | tuple[bool, Form]:
+        """What both gbroker rules decide before their own: a job that cannot be
+        interrupted, has no deadline, no slack, no checkpoints or too little budget.
+        Otherwise (whether spot is usable, the safety net's form) for the rule itself."""
         if not job.interruptible:
             return Placement(Capacity.ONDEMAND, "not interruptible", NEVER_CHANGES_S)
         spot = spot_usable(job, market)
@@ -146,6 +150,13 @@ class GBrokerMarkovPolicy(Policy):
         ):
             cap = Capacity.SPOT if spot else Capacity.NONE
             return placed(cap, "budget too small for on-demand: cheapest route", [net])
+        return spot, net
+
+    def place(self, job: JobView, market: MarketView) -> Placement:
+        first = self._settled_first(job, market)
+        if isinstance(first, Placement):
+            return first
+        spot, net = first
 
         if self.follow_spot:
             if spot and job.current is not Capacity.ONDEMAND:
