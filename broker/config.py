@@ -22,6 +22,12 @@ The file is TOML (``/etc/gbroker/gbroker.toml`` or ``$GBROKER_CONFIG``)::
     capacity = "spot"
     instance_type = "g5.xlarge"
 
+    [pools.a100-spot]       # the pool catalog (docs/POOLS.md); replaces [partitions]
+    partition = "spot"
+    capacity = "spot"
+    gpu_type = "a100"
+    gpu_mem_gb = 80
+
     [providers.aws]         # keyword arguments of the provider (docs/PROVIDERS.md)
     region = "eu-west-1"
     cluster_name = "lab"
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
+from broker.pools.catalog import CLASSES, Billing, Catalog, Pool, check_unique, legacy_pools, parse_pools
 
 DEFAULT_CONFIG_PATH = Path("/etc/gbroker/gbroker.toml")
 
@@ -83,6 +90,10 @@ class NodePartition:
     """'spot' or 'ondemand'; None: from ``[partitions]`` (else on-demand)."""
     instance_type: str | None = None
     """None: the provider's default for the partition."""
+    power_down: bool = True
+    """False: never released (owned and reserved pools, unless they say otherwise)."""
+    billing: Billing = Billing()
+    """How the partition's nodes are billed (per second unless its pool says otherwise)."""
 
 
 def default_db_url() -> str:
@@ -139,38 +150,61 @@ class Settings:
     """``[nodes.<partition>]`` tables; empty: the spot and on-demand partitions, defaults only."""
     node_provider_settings: str = "{}"
     """JSON of the ``[providers.<name>]`` tables (kept as text so Settings stays hashable)."""
+    pools: tuple[Pool, ...] = ()
+    """``[pools.<name>]`` tables; empty: the two pools of ``[partitions]`` (``legacy_pools``)."""
+
+    def catalog(self) -> Catalog:
+        """The pool catalog: the one partition -> pool map."""
+        return Catalog(self.pools or legacy_pools(self.spot_partition, self.ondemand_partition))
+
+    def pool_of(self, partition: str) -> Pool | None:
+        return self.catalog().by_partition(partition)
 
     def capacity_of(self, partition: str) -> str | None:
-        """'spot' or 'ondemand' for ``partition``: the one partition -> capacity map.
+        """The capacity class of ``partition``: the one partition -> capacity map.
 
-        The ``[partitions]`` table first (its spot and on-demand partitions),
-        then the ``capacity`` of the partition's ``[nodes.<partition>]`` table;
-        None for a partition gbroker knows no capacity of. ``load_settings``
-        refuses a ``[nodes.<p>]`` capacity that contradicts ``[partitions]``.
+        The pool catalog first (its pool's class: owned, reserved, spot or
+        on-demand), then the ``capacity`` of the partition's
+        ``[nodes.<partition>]`` table; None for a partition gbroker knows no
+        capacity of. ``load_settings`` refuses a ``[nodes.<p>]`` capacity that
+        contradicts the catalog.
         """
-        if partition == self.spot_partition:
-            return "spot"
-        if partition == self.ondemand_partition:
-            return "ondemand"
-        rule = self.managed_node_partitions().get(partition)
+        pool = self.pool_of(partition)
+        if pool is not None:
+            return pool.capacity
+        rule = {p.name: p for p in self.node_partitions}.get(partition)
         return rule.capacity if rule is not None else None
 
     def partition_for(self, capacity: str) -> str:
-        """The reverse of ``capacity_of`` for the ``[partitions]`` table: where jobs of a capacity go."""
+        """The partition of the first pool of ``capacity`` (with two pools: the ``[partitions]`` table)."""
+        for pool in self.catalog().pools:
+            if pool.capacity == capacity:
+                return pool.partition
         return self.spot_partition if capacity == "spot" else self.ondemand_partition
 
     @property
     def partitions(self) -> set[str]:
-        return {self.spot_partition, self.ondemand_partition}
+        return set(self.catalog().partitions)
 
     def managed_node_partitions(self) -> dict[str, NodePartition]:
-        """Partitions whose nodes the node manager tracks and releases, by name."""
+        """Partitions whose nodes the node manager tracks and releases, by name.
+
+        With a pool catalog, one per pool (its idle time, warm minimum, node
+        price, class, power-down and billing) plus any ``[nodes.<p>]`` of a
+        partition outside the catalog.
+        """
+        if self.pools:
+            out = {p.partition: NodePartition(
+                p.partition, p.idle_seconds, p.warm_min, p.price_per_node_hour, p.capacity, p.instance_type,
+                p.power_down, p.billing) for p in self.pools}
+            out.update({p.name: p for p in self.node_partitions if p.name not in out})
+            return out
         if self.node_partitions:
             return {p.name: p for p in self.node_partitions}
         return {name: NodePartition(name) for name in sorted(self.partitions)}
 
     def node_capacity(self, partition: str) -> str:
-        """'spot' or 'ondemand' for a managed partition's nodes: ``capacity_of``, else on-demand."""
+        """The capacity class of a managed partition's nodes: ``capacity_of``, else on-demand."""
         return self.capacity_of(partition) or "ondemand"
 
     def node_idle_seconds_for(self, partition: str) -> float:
@@ -246,15 +280,15 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
                 raise ValueError("idle_seconds must be >= 0")
             price = table.get("price_per_node_hour")
             if price is not None:
-                from broker.money.amount import parse_money
+                from broker.amount import parse_money
 
                 if isinstance(price, (float, bool)):
                     raise ValueError('write price_per_node_hour as a string, e.g. "2.40" (money is exact)')
                 parse_money(str(price))  # exact or refused, never a float
                 price = str(price)
             capacity = table.get("capacity")
-            if capacity is not None and capacity not in ("spot", "ondemand"):
-                raise ValueError(f"capacity must be 'spot' or 'ondemand', not {capacity!r}")
+            if capacity is not None and capacity not in CLASSES:
+                raise ValueError(f"capacity must be one of {', '.join(CLASSES)}, not {capacity!r}")
             itype = table.get("instance_type")
             out.append(NodePartition(str(name), idle, warm, price, capacity,
                                      None if itype is None else str(itype)))
@@ -273,9 +307,15 @@ def _providers(value: Any, source: str) -> str:
 
 
 def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings"}
+    known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings", "pools"}
     out: dict[str, Any] = {}
+    if "pools" in data and "partitions" in data:
+        raise ConfigError(f"{source}: [pools] and [partitions] both map partitions",
+                          hint="keep [pools] (each pool names its partition) and drop [partitions]")
     for key, value in data.items():
+        if key == "pools":
+            out["pools"] = parse_pools(value, source)
+            continue
         if key == "nodes":
             out["node_partitions"] = _node_partitions(value, source)
             continue
@@ -336,7 +376,21 @@ def load_settings(
 
 
 def _check_capacities(settings: Settings) -> None:
-    """A ``[nodes.<p>]`` capacity may not contradict ``[partitions]``: one map, one answer."""
+    """A ``[nodes.<p>]`` capacity may not contradict the catalog: one map, one answer.
+
+    With ``[pools]``, a pool's partition takes its node keys from the pool, so a
+    ``[nodes.<p>]`` table for it is refused (it would be a second answer).
+    """
+    if settings.pools:
+        check_unique(settings.pools, "settings")
+        for rule in settings.node_partitions:
+            pool = settings.pool_of(rule.name)
+            if pool is not None:
+                raise ConfigError(
+                    f"[nodes.{rule.name}] is the partition of pool {pool.name!r}",
+                    hint=f"move its keys (idle_seconds, warm_min, ...) into [pools.{pool.name}] and drop [nodes.{rule.name}]",
+                )
+        return
     for rule in settings.node_partitions:
         named = {settings.spot_partition: "spot", settings.ondemand_partition: "ondemand"}.get(rule.name)
         if rule.capacity is not None and named is not None and rule.capacity != named:
@@ -345,3 +399,10 @@ def _check_capacities(settings: Settings) -> None:
                 f"the {named} partition",
                 hint=f"drop capacity from [nodes.{rule.name}] or set it to {named!r}",
             )
+
+
+MIGRATE_HINT = (
+    "settings use [partitions] (two pools: spot and ondemand); to declare owned or reserved nodes, GPU types "
+    "and several spot zones, write [pools.<name>] tables instead (docs/POOLS.md)"
+)
+"""Said once in the daemon's log when the settings have no pool catalog."""

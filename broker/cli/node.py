@@ -21,7 +21,7 @@ import click
 from broker.cli.main import Context
 from broker.cli.output import duration, print_json, print_table
 from broker.errors import DaemonUnavailable, SlurmError
-from broker.money.amount import format_money
+from broker.amount import format_money
 
 pass_ctx = click.make_pass_decorator(Context)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 import click
 
 from broker.errors import SpecError
-from broker.money.amount import MICROS_PER_UNIT
+from broker.amount import MICROS_PER_UNIT
 
 
 def _hours_to_s(h: float, what: str, allow_zero: bool = False) -> int:

@@ -10,7 +10,7 @@ like ``events``):
   start) so a line can never land twice. Idle node time is a line of its own
   (tag ``idle``, no Slurm job).
 
-Money is integer micro-units (``broker.money.amount``); prices are micro-units per
+Money is integer micro-units (``broker.amount``); prices are micro-units per
 GPU-hour. Times are UTC, whole seconds.
 """
 

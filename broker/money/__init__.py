@@ -1,6 +1,6 @@
 """Money: prices, the ledger, budgets, quotas, alerts, forecasts and reports.
 
-Everything is integer micro-units (``amount``). Owns the price book
+Everything is integer micro-units (``broker.amount``). Owns the price book
 (``pricing``; loaded from the database and turned into a node's price per
 node-hour by ``pricebook``), what node time costs (``nodecost``: the one
 function that prices a stretch of node time, for the ledger's idle lines,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from broker.caller import Caller
 from broker.errors import AdmissionRefused, PermissionDenied
-from broker.money.amount import format_money
+from broker.amount import format_money
 from broker.money import budgets as B
 from broker.money import pricebook
 from broker.spec import JobSpec

@@ -38,7 +38,7 @@ from broker.db.ledger_models import (
 from broker.db.models import Attempt, Job
 from broker.durations import parse_duration
 from broker.errors import NotFound
-from broker.money.amount import format_money
+from broker.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
 from broker.money.pricing import PriceBook
 from broker.states import TERMINAL, AttemptState

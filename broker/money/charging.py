@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from broker.db.ledger_models import TAG_LOST, TAG_USEFUL
 from broker.errors import BrokerError
-from broker.money.amount import cost_micros
+from broker.amount import cost_micros
 from broker.money.pricing import PriceBook
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from broker.db.ledger_models import Charge, Semester
 from broker.db.models import Attempt, Job
-from broker.money.amount import cost_micros, format_money
+from broker.amount import cost_micros, format_money
 from broker.money import budgets as B
 from broker.money.pricing import PriceBook
 from broker.states import ATTEMPT_RUNNING

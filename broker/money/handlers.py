@@ -25,7 +25,7 @@ from broker.spec import account_name
 from broker.db import store
 from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price, Quota, Semester
 from broker.errors import SpecError
-from broker.money.amount import format_money, parse_money
+from broker.amount import format_money, parse_money
 from broker.money import budgets as B
 from broker.money import pricebook
 from broker.money import reporting

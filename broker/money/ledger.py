@@ -42,7 +42,7 @@ from broker.db.ledger_models import (
 from broker.db.models import Attempt, Job
 from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.money.amount import format_money
+from broker.amount import format_money
 from broker.money import alerts, nodecost, pricebook
 from broker.money import budgets as B
 from broker.money.charging import MissingPrice, Run, split_run

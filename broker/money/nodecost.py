@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 from broker.config import Settings
 from broker.db import store
 from broker.db.node_models import USAGE_BUSY, NodeSession, NodeUsage
-from broker.money.amount import cost_micros, format_money
+from broker.amount import cost_micros, format_money
 from broker.money.budgets import semester_cuts
 from broker.money.pricebook import node_hour_price
 from broker.money.pricing import PriceBook

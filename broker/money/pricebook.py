@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from broker.config import Settings
 from broker.db.ledger_models import Price
-from broker.money.amount import parse_money
+from broker.amount import parse_money
 from broker.money.pricing import PriceBook, PriceRow
 
 

@@ -22,7 +22,7 @@ from broker.caller import Caller
 from broker.config import Settings
 from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semester
 from broker.errors import SpecError
-from broker.money.amount import format_money
+from broker.amount import format_money
 from broker.money import budgets as B
 from broker.money import pricebook
 from broker.money.forecast import DEFAULT_WINDOW, forecast

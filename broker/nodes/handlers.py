@@ -15,7 +15,7 @@ from typing import Any
 from broker import timeparse
 from broker.caller import Caller, Handler
 from broker.errors import SpecError
-from broker.money.amount import format_money
+from broker.amount import format_money
 from broker.nodes.providers.hooks import expand_hostlists, new_key
 from broker.money.nodecost import node_cost
 from broker.nodes.manager import NodeManager

@@ -7,6 +7,6 @@ workload modes (``single``, ``workload``), the offline optimum
 objects the daemon uses (principle 1), in simulated time.
 
 In the top layer with the CLI (docs/ARCHITECTURE.md): nothing in the daemon
-imports it. May import: ``policies``, ``broker.money.amount`` and the base
+imports it. May import: ``policies``, ``broker.amount`` and the base
 modules; never the database or Slurm, so it runs anywhere.
 """

@@ -28,7 +28,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.money.amount import MICROS_PER_UNIT
+from broker.amount import MICROS_PER_UNIT
 from broker.sim.engine import ContractViolation, Prices, SimJob, run_job
 from broker.sim.feed import SpotFeed
 from broker.sim.pools_optimum import solve_pools

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from collections.abc import Iterable, Sequence
 
-from broker.money.amount import MICROS_PER_UNIT
+from broker.amount import MICROS_PER_UNIT
 from broker.sim.engine import Outcome, Prices, SimJob, run_job
 from broker.sim.feed import SpotFeed
 from broker.sim.optimum import solve

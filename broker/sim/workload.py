@@ -28,7 +28,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from broker.errors import SpecError
-from broker.money.amount import MICROS_PER_UNIT
+from broker.amount import MICROS_PER_UNIT
 from broker.sim.feed import SpotFeed
 from broker.sim.trace import Trace
 from policies import from_name

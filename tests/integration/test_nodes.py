@@ -33,7 +33,7 @@ from sqlalchemy import select
 
 from broker.db.engine import make_engine
 from broker.db.models import Event
-from broker.money.amount import cost_micros, parse_money
+from broker.amount import cost_micros, parse_money
 from broker.nodes.providers.local import LocalProvider
 from broker_fixtures import DEVCLUSTER, SRC, BrokerDaemon, power_down_idle, public_dir
 

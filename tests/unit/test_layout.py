@@ -33,10 +33,6 @@ SOURCE_DIRS = ("broker", "policies")
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     # (importing module, imported module): why, and how to remove the entry.
-    ("broker.config", "broker.money.amount"): (
-        "config checks a configured price_per_node_hour with the money parser, lazily; amount is "
-        "standard-library only and belongs in the base layer (moving it there drops this entry)"
-    ),
 }
 """Imports of a higher layer that the code has today."""
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from broker.money.amount import parse_money
+from broker.amount import parse_money
 from broker.money.charging import MissingPrice, Run, billable_limit_s, split_run
 from broker.money.pricing import PriceBook, PriceRow
 

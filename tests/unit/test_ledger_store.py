@@ -186,7 +186,7 @@ def test_idle_node_time_is_its_own_line(db_url: str) -> None:
 
 
 def test_ledger_tick_charges_the_node_managers_idle_stretches_once(db_url: str) -> None:
-    from broker.money.amount import cost_micros, parse_money
+    from broker.amount import cost_micros, parse_money
     from broker.nodes import sessions as ns
 
     w = World(db_url)
@@ -215,7 +215,7 @@ def test_node_report_and_spend_report_give_the_same_idle_cost(db_url: str) -> No
     from dataclasses import replace
 
     from broker.config import NodePartition
-    from broker.money.amount import cost_micros, parse_money
+    from broker.amount import cost_micros, parse_money
     from broker.nodes import sessions as ns
     from broker.nodes.handlers import report as node_report
 

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from broker.money.amount import cost_micros, format_money, parse_money
+from broker.amount import cost_micros, format_money, parse_money
 
 
 @pytest.mark.parametrize(

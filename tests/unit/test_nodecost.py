@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from broker.config import NodePartition, Settings
-from broker.money.amount import cost_micros, parse_money
+from broker.amount import cost_micros, parse_money
 from broker.money.nodecost import stretch_cost, stretch_micros
 from broker.money.pricebook import node_hour_price
 from broker.money.pricing import PriceBook, PriceRow

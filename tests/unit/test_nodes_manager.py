@@ -21,7 +21,7 @@ from broker.clock import FakeClock
 from broker.config import NodePartition, Settings
 from broker.db.models import Event
 from broker.db.node_models import NodeSession, NodeUsage
-from broker.money.amount import cost_micros
+from broker.amount import cost_micros
 from broker.nodes.providers import hooks
 from broker.nodes.providers.base import (
     Capacity,
