@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from broker.config import Settings
+from broker.pools.catalog import Catalog
 from broker.slurm.backend import NodeInfo
 from broker.states import NodeState
 from policies import MarketView
@@ -123,6 +124,30 @@ class ReclaimHistory:
         return max(nodes * all_reclaims / node_hours, all_reclaims / attempt_hours)
 
 
+def usable(node: NodeInfo) -> bool:
+    """A node that could run a job now or after a boot (not down, drained or failed)."""
+    return node.state not in UNUSABLE and "drain" not in node.state_raw.lower()
+
+
+@dataclass(frozen=True)
+class PoolCensus:
+    """A pool's nodes at the last node tick: free GPUs on each usable node."""
+
+    free_gpus: tuple[int, ...] = ()
+    nodes: int = 0
+    """Every node of the pool's partition, usable or not."""
+
+    def room(self, nodes: int, gpus_per_node: int) -> bool:
+        """Could a gang of ``nodes`` x ``gpus_per_node`` start here now (a powered-down cloud node counts)?"""
+        return sum(1 for f in self.free_gpus if f >= gpus_per_node) >= nodes
+
+
+def census(nodes: Iterable[NodeInfo], used: Mapping[str, int], partition: str) -> PoolCensus:
+    mine = [n for n in nodes if partition in n.partitions]
+    free = tuple(max(0, n.gpus - used.get(n.name, 0)) for n in mine if usable(n))
+    return PoolCensus(free, len(mine))
+
+
 @dataclass
 class MarketWatch:
     """The daemon's picture of the spot market, kept across ticks.
@@ -141,6 +166,48 @@ class MarketWatch:
     """The spot reclaims behind ``view``, by gang size."""
     _gangs: dict[tuple[datetime, int, float], MarketView] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    observers: dict[str, SpotObserver] = field(default_factory=dict)
+    """Per spot pool (by name); the catalog's first spot pool shares ``observer``."""
+    censuses: dict[str, PoolCensus] = field(default_factory=dict)
+    """Per pool: its nodes and free GPUs at the last node tick (empty before the first)."""
+    pool_histories: dict[str, ReclaimHistory] = field(default_factory=dict)
+    """Per spot pool: its own reclaims in the window (from the reconcile tick)."""
+    pool_prices: dict[str, int] = field(default_factory=dict)
+    """Per pool: price per GPU-hour in force at the last reconcile tick."""
+
+    def observe(self, nodes: Iterable[NodeInfo], used: Mapping[str, int], catalog: Catalog, now: datetime) -> None:
+        """The node tick's census: every pool's free GPUs, and every spot pool's availability sample."""
+        nodes = list(nodes)
+        censuses = {p.name: census(nodes, used, p.partition) for p in catalog.pools}
+        first = True
+        for pool in catalog.of_class("spot"):
+            obs = self.observer if first else self.observers.setdefault(pool.name, SpotObserver())
+            self.observers[pool.name] = obs
+            obs.observe(nodes, pool.partition, now)
+            first = False
+        with self._lock:
+            self.censuses = censuses
+
+    def refresh_pools(self, histories: Mapping[str, ReclaimHistory], prices: Mapping[str, int]) -> None:
+        with self._lock:
+            self.pool_histories, self.pool_prices = dict(histories), dict(prices)
+
+    def for_pool(self, pool: str, nodes: int = 1) -> MarketView:
+        """A spot pool's own market as a gang of ``nodes`` sees it: its availability and reclaim rate."""
+        with self._lock:
+            base, at, history = self.view or MarketView(), self.at, self.pool_histories.get(pool)
+            obs = self.observers.get(pool)
+        rate = history.rate(nodes) if history is not None else 0.0
+        fields: dict[str, object] = {"spot_reclaim_rate_per_hour": rate}
+        if obs is not None and at is not None:
+            fields.update(obs.summary(at, nodes))
+        return replace(base, **fields)  # type: ignore[arg-type]
+
+    def room(self, pool: str, nodes: int, gpus_per_node: int) -> bool | None:
+        """Whether the gang could start in ``pool`` now; None before the first census of it."""
+        with self._lock:
+            c = self.censuses.get(pool)
+        return None if c is None else c.room(nodes, gpus_per_node)
 
     def refresh(self, view: MarketView, history: ReclaimHistory | None, now: datetime | None) -> None:
         with self._lock:

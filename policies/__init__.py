@@ -17,7 +17,11 @@ from policies.base import (  # noqa: F401
     MarketView,
     Placement,
     Policy,
+    PoolChoice,
     PoolPlacement,
+    PoolView,
+    PREPAID,
+    expected_spot_cost,
     from_name,
     names,
     register,
@@ -33,5 +37,6 @@ from policies import gbroker  # noqa: F401,E402
 
 __all__ = [
     "Action", "AttemptView", "Capacity", "Decision", "JobView", "MarketView", "Placement", "Policy", "PoolPlacement",
+    "PoolChoice", "PoolView", "PREPAID", "expected_spot_cost",
     "from_name", "names", "register",
 ]

@@ -14,7 +14,7 @@ Units: time in whole seconds, money in integer micro-units per GPU-hour.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import ClassVar
 from collections.abc import Sequence
@@ -29,6 +29,14 @@ class Capacity(str, Enum):
     """Full price, never reclaimed."""
     NONE = "none"
     """Not running: wait (the simulator idles; the daemon keeps the job pending)."""
+    OWNED = "owned"
+    """The lab's own nodes: already paid for, never reclaimed."""
+    RESERVED = "reserved"
+    """Reserved for months: already paid for, never reclaimed."""
+
+
+PREPAID = frozenset({Capacity.OWNED, Capacity.RESERVED})
+"""Capacity already paid for: its marginal cost is its internal rate."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class JobView:
     pool: int | None = None
     """Several spot pools (``Policy.place_pools``): the index of the pool of the
     job's current or last spot attempt; None = never on spot (or one pool)."""
+    checkpoint_interval_s: int | None = None
+    """How often the job saves; None = ``DEFAULT_CHECKPOINT_INTERVAL_S`` when it checkpoints."""
     safe_done_s: int | None = None
     """Work that survives a reclaim (last checkpoint); None = ``done_s``.
 
@@ -137,6 +147,63 @@ class PoolPlacement:
     """As ``Placement.recheck_s``: no change in any pool, only the clock moves."""
 
 
+@dataclass(frozen=True)
+class PoolView:
+    """One pool of the catalog, as a policy may know it (``Policy.place_catalog``)."""
+
+    name: str
+    capacity: Capacity
+    """OWNED, RESERVED, SPOT or ONDEMAND."""
+    price_micros: int
+    """Per GPU-hour, micro-units (a prepaid pool: its internal rate, 0 by default)."""
+    speed: float = 1.0
+    """Work per GPU-hour against the reference GPU type."""
+    room: bool = True
+    """The job's whole gang could start in this pool now (free GPUs on usable nodes)."""
+    market: MarketView = MarketView()
+    """A spot pool's own market: its availability, windows and observed reclaim rate."""
+
+    @property
+    def cost_micros(self) -> float:
+        """Price per unit of work (per reference GPU-hour)."""
+        return self.price_micros / self.speed
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """Where a job goes among the catalog's pools."""
+
+    pool: int | None
+    """Index into the pool views; None: no pool (wait where the job is)."""
+    capacity: Capacity
+    """The chosen pool's class; NONE: wait (pending in ``pool``'s queue when it names one)."""
+    reason: str = ""
+
+
+DEFAULT_CHECKPOINT_INTERVAL_S = 600
+"""What ``expected_spot_cost`` assumes of a checkpointing job that does not say how often it saves."""
+
+
+def expected_spot_cost(job: JobView, pool: PoolView) -> float:
+    """A spot pool's cost per unit of work, with the expected loss from its reclaims.
+
+    Price divided by speed, times (1 + reclaims per hour x the hours each
+    reclaim costs: the changeover plus, for a job that checkpoints, half its
+    save interval on average; for one that does not, half of its work).
+    """
+    if job.checkpointable:
+        lost_s = (job.checkpoint_interval_s or DEFAULT_CHECKPOINT_INTERVAL_S) / 2
+    else:
+        lost_s = job.work_s / 2
+    per_reclaim_h = (job.changeover_s + lost_s) / 3600
+    return pool.cost_micros * (1 + pool.market.spot_reclaim_rate_per_hour * per_reclaim_h)
+
+
+def owned_wait_margin_s(job: JobView, step_s: int) -> int:
+    """Slack a job keeps when it waits for owned capacity instead of going on-demand."""
+    return job.changeover_s + 2 * step_s + job.work_left_s // 20
+
+
 class Action(str, Enum):
     RESUME_SPOT = "resume_spot"
     MOVE_ONDEMAND = "move_ondemand"
@@ -208,6 +275,119 @@ class Policy(ABC):
             return min(up, key=lambda k: (markets[k].spot_reclaim_rate_per_hour,
                                           markets[k].spot_price_micros, k))
         return max(range(len(markets)), key=lambda k: (markets[k].spot_uptime_fraction or 0.0, -k))
+
+
+    # -- the pool catalog -------------------------------------------------------
+    def place_catalog(self, job: JobView, pools: Sequence[PoolView]) -> PoolChoice:
+        """Placement among the catalog's pools that can hold the job (the caller filtered them).
+
+        1. A prepaid (owned, reserved) pool with room: the cheapest per unit of work.
+        2. A job running on paid capacity stays, unless a prepaid pool has
+           room and moving saves more than the changeover and the unsaved
+           work cost (``_move_back``; never for a job that cannot checkpoint).
+        3. Spot, when the job may be interrupted: the single-pool decision
+           (``place``) on the spot pool with the lowest expected cost per unit
+           of work among those with spot for its gang (its own pool first
+           while spot is there: a move costs a changeover), priced against the
+           cheapest on-demand pool.
+        4. A job that may not be interrupted, or that the decision sends off
+           spot, waits for a prepaid pool that fits while its deadline allows
+           (a job without a deadline always waits there), else takes the
+           cheapest on-demand pool.
+        Pure like ``place``.
+        """
+        if not pools:
+            raise ValueError("place_catalog needs at least one pool")
+        ks = range(len(pools))
+        prepaid = sorted((k for k in ks if pools[k].capacity in PREPAID), key=lambda k: (pools[k].cost_micros, k))
+        spots = [k for k in ks if pools[k].capacity is Capacity.SPOT]
+        ods = sorted((k for k in ks if pools[k].capacity is Capacity.ONDEMAND), key=lambda k: (pools[k].cost_micros, k))
+        free = [k for k in prepaid if pools[k].room]
+        running = job.current in (Capacity.SPOT, Capacity.ONDEMAND) and job.pool is not None
+        if running:
+            return self._move_back(job, pools, free)
+        if free:
+            return PoolChoice(free[0], pools[free[0]].capacity, f"{pools[free[0]].name} has room (already paid for)")
+        od_market = pools[ods[0]].market if ods else None
+        spot_k = self._spot_pool(job, pools, spots) if job.interruptible and spots else None
+        if spot_k is not None:
+            market = pools[spot_k].market
+            if od_market is not None:
+                market = replace(market, ondemand_price_micros=int(pools[ods[0]].cost_micros))
+            pl = self.place(job, replace(market, spot_price_micros=int(pools[spot_k].cost_micros)))
+            if pl.capacity is Capacity.SPOT:
+                return PoolChoice(spot_k, Capacity.SPOT, f"{pools[spot_k].name}: {pl.reason}")
+            if pl.capacity is Capacity.NONE:
+                return PoolChoice(spot_k, Capacity.NONE, f"wait for spot in {pools[spot_k].name}: {pl.reason}")
+            why = pl.reason
+        else:
+            why = "may not be interrupted" if not job.interruptible else "no spot pool fits"
+        if prepaid:
+            k = prepaid[0]
+            left = job.time_left_s
+            step = od_market.step_s if od_market is not None else 60
+            if not ods or left is None or left - job.work_left_s / pools[k].speed > owned_wait_margin_s(job, step):
+                return PoolChoice(k, Capacity.NONE, f"{why}; waits for {pools[k].name} (already paid for)")
+        if ods:
+            return PoolChoice(ods[0], Capacity.ONDEMAND, f"{why}; {pools[ods[0]].name} is the cheapest on-demand")
+        if spot_k is not None:
+            return PoolChoice(spot_k, Capacity.NONE, f"{why}; no on-demand pool fits, waits for spot")
+        return PoolChoice(None, Capacity.NONE, f"{why}; no pool can run it now")
+
+    def pool_after_preempt(self, job: JobView, decision: Decision, pools: Sequence[PoolView]) -> PoolChoice:
+        """Where the next attempt goes after ``on_preempt`` decided (not GIVE_UP).
+
+        A prepaid pool with room first; to resume on spot (or wait for it),
+        the spot pool ``_spot_pool`` picks: with the pool just reclaimed
+        (``job.pool``) down, another zone at once; to move to on-demand, the
+        cheapest on-demand pool. Pure.
+        """
+        ks = range(len(pools))
+        free = sorted((k for k in ks if pools[k].capacity in PREPAID and pools[k].room),
+                      key=lambda k: (pools[k].cost_micros, k))
+        if free:
+            return PoolChoice(free[0], pools[free[0]].capacity, f"{pools[free[0]].name} has room (already paid for)")
+        spots = [k for k in ks if pools[k].capacity is Capacity.SPOT]
+        ods = sorted((k for k in ks if pools[k].capacity is Capacity.ONDEMAND), key=lambda k: (pools[k].cost_micros, k))
+        if decision.action is Action.MOVE_ONDEMAND or not spots:
+            if ods:
+                return PoolChoice(ods[0], Capacity.ONDEMAND, f"{pools[ods[0]].name} is the cheapest on-demand")
+            prepaid = [k for k in ks if pools[k].capacity in PREPAID]
+            k = prepaid[0] if prepaid else 0
+            return PoolChoice(k, Capacity.NONE, f"no on-demand pool fits; waits for {pools[k].name}")
+        k = self._spot_pool(job, pools, spots)
+        if decision.action is Action.WAIT:
+            return PoolChoice(k, Capacity.NONE, f"waits for spot in {pools[k].name}")
+        return PoolChoice(k, Capacity.SPOT, f"spot in {pools[k].name}")
+
+    def _spot_pool(self, job: JobView, pools: Sequence[PoolView], spots: Sequence[int]) -> int:
+        """The spot pool the single-pool decision sees: the job's own while its spot is there,
+        else the lowest expected cost among those with spot and room, else the one seen up most."""
+        up = [k for k in spots if pools[k].market.spot_available >= job.nodes and pools[k].room]
+        if job.current is Capacity.SPOT and job.pool in up:
+            return job.pool  # type: ignore[return-value]
+        if up:
+            return min(up, key=lambda k: (expected_spot_cost(job, pools[k]), k))
+        return max(spots, key=lambda k: (pools[k].market.spot_uptime_fraction or 0.0, -k))
+
+    def _move_back(self, job: JobView, pools: Sequence[PoolView], free: Sequence[int]) -> PoolChoice:
+        """A job running on paid capacity: move to a free prepaid pool when the saving beats the changeover."""
+        here = job.pool if job.pool is not None and 0 <= job.pool < len(pools) else None
+        stay = PoolChoice(here, job.current, "stays where it runs")
+        if here is None or not free or not job.checkpointable:
+            return stay
+        k = free[0]
+        gpus = job.gpus
+        left_h = job.work_left_s / 3600
+        now_cost = pools[here].cost_micros if pools[here].capacity is not Capacity.SPOT else \
+            expected_spot_cost(job, pools[here])
+        saving = (now_cost - pools[k].cost_micros) * gpus * left_h
+        unsaved = max(0, job.done_s - (job.safe_done_s if job.safe_done_s is not None else job.done_s))
+        move_cost = pools[here].price_micros * gpus * (job.changeover_s + unsaved) / 3600
+        if saving > move_cost:
+            return PoolChoice(k, pools[k].capacity,
+                              f"moves to {pools[k].name}: saves {saving - move_cost:.0f} micro-units after the changeover")
+        return stay
 
 
 @dataclass

@@ -94,11 +94,17 @@ def attempt_running(s: Session, job: Job, att: Attempt, nodes: str, started_at: 
     store.set_job_state(s, job, JobState.RUNNING, f"running on {nodes}", now=now)
 
 
-def attempt_moving(s: Session, job: Job, att: Attempt, partition: str, why: str, now: datetime) -> None:
-    """gbroker requeues the running spot attempt onto ``partition`` to keep the deadline (until Slurm has)."""
+def attempt_moving(
+    s: Session, job: Job, att: Attempt, partition: str, why: str, now: datetime,
+    capacity: Capacity = Capacity.ONDEMAND,
+) -> None:
+    """gbroker requeues the running attempt onto ``partition`` (until Slurm has): to keep the
+    deadline on on-demand, or back to owned capacity that freed up. The job is placed there now."""
     _to(att, AttemptState.MOVING)
-    store.add_event(s, "fallback",
-                    f"running on spot; requeued to {partition} to meet the deadline ({why})",
+    was = att.capacity.value if att.capacity is not None else "?"
+    job.partition, job.capacity = partition, capacity
+    goal = "to meet the deadline" if capacity is Capacity.ONDEMAND else "to run on capacity already paid for"
+    store.add_event(s, "fallback", f"running on {was}; requeued to {partition} {goal} ({why})",
                     now=now, job_id=job.id)
 
 

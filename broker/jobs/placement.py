@@ -12,28 +12,111 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
+from broker.amount import parse_money
 from broker.config import Settings
 from broker.db.models import Attempt
 from broker.errors import SpecError
 from broker.market import ReclaimHistory
+from broker.money.pricing import PriceBook
+from broker.pools import GpuRequest, Pool, fitting, refusal
 from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
 from broker.state import Services
-from policies import AttemptView, Capacity, JobView, MarketView
+from policies import AttemptView, Capacity, JobView, MarketView, PoolChoice, PoolView
 
 RECLAIM_WINDOW = timedelta(days=7)
 """How far back the observed spot reclaim rate looks."""
 
 
 def capacity_of_partition(settings: Settings, partition: str) -> str:
-    """The capacity of a partition a job may name: one of the ``[partitions]`` table's."""
+    """The capacity class of a partition a job may name: one of the pool catalog's."""
     capacity = settings.capacity_of(partition) if partition in settings.partitions else None
     if capacity is not None:
         return capacity
     raise SpecError(
         f"partition: {partition!r} is not managed by gbroker",
-        hint=f"use {settings.spot_partition} or {settings.ondemand_partition}, or leave it to the policy",
+        hint=f"use one of {', '.join(sorted(settings.partitions))} (`gbroker pools` lists them), "
+        "or leave it to the policy",
     )
+
+
+def gpu_request(spec: JobSpec) -> GpuRequest:
+    """What the job asks of the capacity it runs on."""
+    make = getattr(spec, "gpu_request", None)  # TEMP until the spec's GPU fields land
+    if make is not None:
+        return make()  # type: ignore[no-any-return]
+    return GpuRequest(spec.gpus_per_node, spec.nodes, interruptible=spec.interruptible)
+
+
+def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
+    """The catalog's pools that can hold the job, in catalog order; none: refused with each pool's reason."""
+    catalog = svc.settings.catalog()
+    if spec.partition:
+        pool = catalog.by_partition(spec.partition)
+        if pool is None:
+            capacity_of_partition(svc.settings, spec.partition)  # raises the message
+            raise AssertionError("unreachable")
+        pools = [pool]
+    else:
+        pools = list(catalog.pools)
+    nodes_of = {p.name: c.nodes for p in pools if (c := svc.market.censuses.get(p.name)) and c.nodes}
+    ok, why = fitting(pools, gpu_request(spec), nodes_of)
+    if not ok:
+        raise SpecError(refusal(why), hint="ask for less (gpu, gpu_mem_gb, GPUs per node, nodes, cpus, mem), "
+                        "or see `gbroker pools` for what each pool has; nothing was stored")
+    return ok
+
+
+def gres_type_for(spec: JobSpec, pool: Pool | None) -> str | None:
+    """The gres type sbatch names: the pool's, when the job asked for a type or for GPU memory.
+
+    A job that asked for neither gets untyped GPUs, so Slurm may requeue it
+    into another pool's partition without changing its request.
+    """
+    if pool is None or not (getattr(spec, 'gpu_types', ()) or getattr(spec, 'gpu_mem_gb', None)):
+        return None
+    return pool.gpu_type
+
+
+DEFAULT_PRICES = {"spot": MarketView.spot_price_micros, "ondemand": MarketView.ondemand_price_micros}
+
+
+def pool_price(book: PriceBook, pool: Pool, now: datetime) -> int:
+    """Per GPU-hour: the price book's, else the pool's configured price, else the policies' default."""
+    price = book.price_at(pool.partition, pool.capacity, now)
+    if price is None and pool.price_per_gpu_hour is not None:
+        price = parse_money(pool.price_per_gpu_hour)
+    if price is None:
+        price = DEFAULT_PRICES.get(pool.capacity, 0)
+    return price
+
+
+def pool_views(svc: Services, spec: JobSpec, pools: Sequence[Pool]) -> list[PoolView]:
+    """The policy's picture of each pool for this job: class, price, speed, room, own spot market."""
+    watch = svc.market
+    base = watch.for_gang(spec.nodes)
+    out = []
+    for p in pools:
+        room = watch.room(p.name, spec.nodes, spec.gpus_per_node)
+        market = watch.for_pool(p.name, spec.nodes) if p.spot else base
+        price = watch.pool_prices.get(p.name, DEFAULT_PRICES.get(p.capacity, 0))
+        out.append(PoolView(p.name, Capacity(p.capacity), price, p.speed, True if room is None else room, market))
+    return out
+
+
+def place_in_pools(svc: Services, spec: JobSpec, view: JobView, pools: Sequence[Pool]) -> tuple[Pool, PoolChoice]:
+    """Ask the policy among ``pools``; (the pool to submit to, the choice). A choice to wait
+    without a pool waits in the first pool's queue."""
+    choice = svc.policy.place_catalog(view, pool_views(svc, spec, pools))
+    pool = pools[choice.pool] if choice.pool is not None else pools[0]
+    return pool, choice
+
+
+def pool_index(pools: Sequence[Pool], partition: str | None) -> int | None:
+    for k, p in enumerate(pools):
+        if p.partition == partition:
+            return k
+    return None
 
 
 def job_view(
@@ -99,20 +182,32 @@ def progress_s(
 
 def reclaim_history(session, now: datetime) -> ReclaimHistory:  # type: ignore[no-untyped-def]
     """Spot attempts started in the recent window: reclaims and hours, by gang size."""
+    return _reclaims(session, now)[0]
+
+
+def reclaim_history_by_partition(session, now: datetime) -> dict[str, ReclaimHistory]:  # type: ignore[no-untyped-def]
+    """The same, per partition (each spot pool's own reclaim rate)."""
+    return _reclaims(session, now)[1]
+
+
+def _reclaims(session, now: datetime) -> tuple[ReclaimHistory, dict[str, ReclaimHistory]]:  # type: ignore[no-untyped-def]
     since = now - RECLAIM_WINDOW
     rows = session.execute(
-        select(Attempt.state, Attempt.started_at, Attempt.ended_at, Attempt.nodes).where(
+        select(Attempt.state, Attempt.started_at, Attempt.ended_at, Attempt.nodes, Attempt.partition).where(
             Attempt.capacity == "spot", Attempt.started_at.is_not(None), Attempt.started_at >= since
         )
     ).all()
-    by_nodes: dict[int, tuple[int, float]] = {}
-    for state, started, ended, nodes in rows:
+    every: dict[int, tuple[int, float]] = {}
+    parts: dict[str, dict[int, tuple[int, float]]] = {}
+    for state, started, ended, nodes, partition in rows:
         end = ended or now
         hours = max(0.0, (_aware(end) - _aware(started)).total_seconds()) / 3600
         size = len(expand(nodes)) or 1
-        r, h = by_nodes.get(size, (0, 0.0))
-        by_nodes[size] = (r + (state in ("reclaimed", "preempted")), h + hours)
-    return ReclaimHistory(by_nodes)
+        hit = state in ("reclaimed", "preempted")
+        for table in (every, parts.setdefault(partition or "", {})):
+            r, h = table.get(size, (0, 0.0))
+            table[size] = (r + hit, h + hours)
+    return ReclaimHistory(every), {p: ReclaimHistory(t) for p, t in parts.items()}
 
 
 def market_view(svc: Services, nodes: int = 1) -> MarketView:

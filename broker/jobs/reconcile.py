@@ -24,11 +24,23 @@ from sqlalchemy.orm import Session, lazyload
 
 from broker.db import store
 from broker.db.models import Attempt, Event, Job
-from broker.errors import BrokerError, SlurmError, SlurmUnavailable
+from broker.errors import BrokerError, SlurmError, SlurmUnavailable, SpecError
 from broker.money import budgets
 from broker.state import Services, must_get
 from broker.jobs import lifecycle
-from broker.jobs.placement import attempt_views, job_view, market_view, progress_s, reclaim_history
+from broker.jobs.placement import (
+    attempt_views,
+    fitting_pools,
+    job_view,
+    market_view,
+    place_in_pools,
+    pool_index,
+    pool_price,
+    pool_views,
+    progress_s,
+    reclaim_history,
+    reclaim_history_by_partition,
+)
 from broker.ownership import is_ours
 from broker.jobs.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
 from broker.userfiles import SaveFacts
@@ -38,9 +50,11 @@ from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
-from broker.market import build_market
+from broker.market import ReclaimHistory, build_market
+from broker.money import pricebook
 from broker.money.pricebook import market_prices
-from policies import Action, Capacity, Placement
+from broker.pools import PREPAID as PREPAID_CLASSES
+from policies import PREPAID, Action, Capacity, Placement
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +68,11 @@ class TickPlan:
     """Slurm actions decided in one tick, sent batched at its end."""
 
     start_now: list[int] = field(default_factory=list)
-    to_ondemand: list[int] = field(default_factory=list)
+    move: list[tuple[int, str]] = field(default_factory=list)
+    """(pending Slurm job, partition): move it to another pool's partition."""
     cancel: list[int] = field(default_factory=list)
     off_spot: list[int] = field(default_factory=list)
-    """Running spot jobs to requeue so they finish on on-demand in time."""
+    """Running jobs to requeue so they run elsewhere: on-demand in time for a deadline, or owned capacity."""
     sbatch: list[tuple[int, int]] = field(default_factory=list)
     """(job id, attempt id) to submit afresh."""
     release: list[int] = field(default_factory=list)
@@ -68,6 +83,17 @@ def _utc(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _refresh_pools(s: Session, svc: Services, now: datetime) -> None:
+    """Each pool's price in force and each spot pool's own reclaims, for the pools' market views."""
+    book = pricebook.load(s)
+    by_partition = reclaim_history_by_partition(s, now)
+    catalog = svc.settings.catalog()
+    svc.market.refresh_pools(
+        {p.name: by_partition.get(p.partition, ReclaimHistory()) for p in catalog.of_class("spot")},
+        {p.name: pool_price(book, p, now) for p in catalog.pools},
+    )
 
 
 def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
@@ -111,6 +137,7 @@ def reconcile(svc: Services) -> None:
         history = reclaim_history(s, now)
         prices = market_prices(s, svc.settings, now)
         svc.market.refresh(build_market(svc.settings, svc.market.observer, now, history.rate(1), prices), history, now)
+        _refresh_pools(s, svc, now)
         active = active_with_latest(s)
         live = {job.id for job, _ in active}
         for job_id in [j for j in svc.tick_errors if j not in live]:
@@ -287,6 +314,8 @@ def _follow(
         lifecycle.attempt_running(s, job, att, ",".join(sj.nodes), _utc(sj.start_time) or now, now)
         if job.deadline is not None and att.capacity == Capacity.SPOT:
             _deadline_while_running(s, svc, job, att, sj, now, plan)
+        if att.state == AttemptState.RUNNING and att.capacity in (Capacity.SPOT, Capacity.ONDEMAND):
+            _back_to_prepaid(s, svc, job, att, sj, now, plan)
     elif sj.state == AttemptState.PENDING:
         lifecycle.attempt_pending(att)
         if is_failure_hold(sj.reason):
@@ -294,10 +323,10 @@ def _follow(
             return
         held = "held" in (sj.reason or "").lower()
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
-        if not held and job.deadline is not None and att.capacity == Capacity.SPOT:
+        if not held and job.deadline is not None and att.capacity in (Capacity.SPOT, *PREPAID):
             _deadline_fallback(s, svc, job, att, sj, now, plan)
-        elif att.partition == svc.settings.ondemand_partition and sj.partition != att.partition:
-            plan.to_ondemand.append(sj.job_id)  # a move whose partition update did not go through yet
+        elif att.partition and sj.partition != att.partition and att.partition in svc.settings.partitions:
+            plan.move.append((sj.job_id, att.partition))  # a move whose partition update did not go through yet
         if sj.reason == "BeginTime":
             # gbroker never asks for a begin time: this is Slurm's requeue delay. Skip it.
             plan.start_now.append(sj.job_id)
@@ -337,27 +366,36 @@ def _release_failure_hold(s: Session, job: Job, sj: SlurmJob, now: datetime, pla
 def _deadline_fallback(
     s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
 ) -> None:
-    """A deadline job still waiting for spot: ask the policy again; move it to on-demand if it says so.
+    """A deadline job still waiting (for spot, or for owned capacity): ask the policy again;
+    move it to on-demand if it says so.
 
-    This is how a deadline is kept when spot capacity does not come: the
-    policy's safety net turns to on-demand while the time left still covers
-    the work. A forced partition (the user's choice) is never moved.
+    This is how a deadline is kept when spot or owned capacity does not come:
+    the policy's safety net turns to on-demand while the time left still
+    covers the work. A forced partition (the user's choice) is never moved.
     """
     spec = stored_spec(job)
     if spec.partition:
         return
-    placement = _place_now(svc, job, spec, now, current=Capacity.NONE, done_s=job.done_s or 0)
-    if placement.capacity != Capacity.ONDEMAND:
+    try:
+        pools = fitting_pools(svc, spec)
+    except SpecError:
+        return  # the catalog changed under the job: leave it where it waits
+    view = job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
+                    reclaims=job.reclaims or 0, current=Capacity.NONE)
+    pool, choice = place_in_pools(svc, spec, view, pools)
+    if choice.capacity != Capacity.ONDEMAND:
         return
-    if _quota_holds(s, job, now, "it keeps waiting for spot"):
-        _move(s, job, JobState.PENDING, "waiting for spot: the group's on-demand quota is full", now)
+    reason = choice.reason
+    waiting = "owned capacity" if att.capacity in PREPAID else "spot"
+    if _quota_holds(s, job, now, f"it keeps waiting for {waiting}"):
+        _move(s, job, JobState.PENDING, f"waiting for {waiting}: the group's on-demand quota is full", now)
         return
-    partition = svc.settings.ondemand_partition
-    plan.to_ondemand.append(sj.job_id)
+    partition = pool.partition
+    plan.move.append((sj.job_id, partition))
     att.partition, att.capacity = partition, Capacity.ONDEMAND
     job.partition, job.capacity = partition, Capacity.ONDEMAND
     store.add_event(
-        s, "fallback", f"still waiting for spot; moved to {partition} to meet the deadline ({placement.reason})",
+        s, "fallback", f"still waiting for {waiting}; moved to {partition} to meet the deadline ({reason})",
         now=now, job_id=job.id,
     )
 
@@ -404,7 +442,50 @@ def _deadline_while_running(
         return
     if _quota_holds(s, job, now, "it keeps running on spot"):
         return
-    lifecycle.attempt_moving(s, job, att, svc.settings.ondemand_partition, placement.reason, now)
+    lifecycle.attempt_moving(s, job, att, _cheapest_ondemand(svc, spec), placement.reason, now)
+    plan.off_spot.append(sj.job_id)
+
+
+def _cheapest_ondemand(svc: Services, spec: JobSpec) -> str:
+    """The partition of the cheapest on-demand pool that fits the job (the first on-demand pool otherwise)."""
+    try:
+        fit = [p for p in fitting_pools(svc, spec) if p.capacity == "ondemand"]
+    except SpecError:
+        fit = []
+    if not fit:
+        return svc.settings.partition_for("ondemand")
+    prices = svc.market.pool_prices
+    return min(fit, key=lambda p: (prices.get(p.name, 0) / p.speed, p.name)).partition
+
+
+def _back_to_prepaid(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
+) -> None:
+    """A job running on paid capacity while an owned or reserved pool that fits has room:
+    the policy decides whether the saving beats the changeover; if so, requeue it there."""
+    catalog = svc.settings.catalog()
+    if not catalog.of_class(*PREPAID_CLASSES):
+        return
+    spec = stored_spec(job)
+    if spec.partition or not spec.checkpointable:
+        return
+    try:
+        pools = fitting_pools(svc, spec)
+    except SpecError:
+        return
+    here = pool_index(pools, att.partition)
+    if here is None or not any(p.prepaid for p in pools):
+        return
+    attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
+    saves = svc.saves.latest(job.owner_name, checkpoint_dir_of(job))
+    done, safe = progress_s(spec, attempts, now, saves.saved_at if saves else None)
+    view = replace(job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=done, safe_done_s=safe,
+                            reclaims=job.reclaims or 0, current=Capacity(att.capacity)), pool=here)
+    choice = svc.policy.place_catalog(view, pool_views(svc, spec, pools))
+    if choice.pool is None or choice.pool == here or choice.capacity not in PREPAID:
+        return
+    target = pools[choice.pool]
+    lifecycle.attempt_moving(s, job, att, target.partition, choice.reason, now, capacity=Capacity(target.capacity))
     plan.off_spot.append(sj.job_id)
 
 
@@ -545,11 +626,15 @@ def _requeued(
         return
     att.lost_s = _lost_s(att, saves)
     if att.state == AttemptState.MOVING and cause == "REQUEUED":
-        # Our own requeue, not a reclaim: the next run is on on-demand.
-        partition = svc.settings.ondemand_partition
+        # Our own requeue, not a reclaim: the next run is where the move placed the job.
+        if job.partition and job.partition != att.partition:
+            partition, capacity = job.partition, Capacity(job.capacity)
+        else:  # a move recorded before moves named their target: they all went to on-demand
+            partition, capacity = svc.settings.partition_for("ondemand"), Capacity.ONDEMAND
         lifecycle.attempt_moved(s, job, att, partition, now)
-        _next_attempt(s, svc, job, Capacity.ONDEMAND, f"moving to {partition} to meet the deadline", sj,
-                      start_now=True, now=now, plan=plan)
+        why = "to meet the deadline" if capacity == Capacity.ONDEMAND else "onto capacity already paid for"
+        _next_attempt(s, svc, job, capacity, f"moving to {partition} {why}", sj,
+                      start_now=True, now=now, plan=plan, partition=partition)
         return
     if cause == "REQUEUED":
         # Requeued by the program itself (or its owner): it goes on, nothing was taken from it.
@@ -648,10 +733,25 @@ def _recover(
         capacity = Capacity.ONDEMAND
         if _quota_holds(s, job, now, "it resumes on spot"):
             capacity, reason = Capacity.SPOT, "resume on spot: the group's on-demand quota is full"
+            decision = replace(decision, action=Action.RESUME_SPOT)
     elif decision.action == Action.RESUME_SPOT:
         capacity = Capacity.SPOT
+    partition = None
+    if not spec.partition:
+        try:
+            pools = fitting_pools(svc, spec)
+        except SpecError:
+            pools = []
+        if pools:
+            choice = svc.policy.pool_after_preempt(replace(view, pool=pool_index(pools, att.partition)), decision,
+                                                   pool_views(svc, spec, pools))
+            if choice.pool is not None:
+                pool = pools[choice.pool]
+                partition, capacity = pool.partition, Capacity(pool.capacity)
+                if svc.settings.pools:  # a catalog: say which pool (two legacy pools need no name)
+                    reason = f"{reason}; {choice.reason}"
     _next_attempt(s, svc, job, capacity, reason, requeued,
-                  start_now=decision.action != Action.WAIT, now=now, plan=plan)
+                  start_now=decision.action != Action.WAIT, now=now, plan=plan, partition=partition)
 
 
 def _next_attempt(
@@ -665,15 +765,23 @@ def _next_attempt(
     start_now: bool,
     now: datetime,
     plan: TickPlan,
+    partition: str | None = None,
 ) -> None:
-    """Open the job's next attempt on `capacity` and plan what Slurm must do for it."""
-    partition = svc.settings.partition_for(capacity.value)
+    """Open the job's next attempt on `capacity` (in `partition`, else the first pool of that
+    class) and plan what Slurm must do for it."""
+    if partition is None:
+        partition = job.partition if capacity == Capacity(job.capacity) and job.partition else \
+            svc.settings.partition_for(capacity.value)
+    if requeued is not None and partition != requeued.partition and _typed_elsewhere(svc, job, partition):
+        # Its GPUs were asked by type, and the other pool's type differs: a new submission.
+        plan.cancel.append(requeued.job_id)
+        requeued = None
     nxt = lifecycle.attempt_next(s, job, capacity, partition, reason, now, requeued=requeued)
     if requeued is not None:
         # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
         if requeued.state == AttemptState.PENDING:
             if partition != requeued.partition:
-                plan.to_ondemand.append(requeued.job_id)
+                plan.move.append((requeued.job_id, partition))
             if start_now:
                 plan.start_now.append(requeued.job_id)
         elif _started_again(requeued, job, nxt):
@@ -681,6 +789,15 @@ def _next_attempt(
     else:
         s.flush()
         plan.sbatch.append((job.id, nxt.id))
+
+
+def _typed_elsewhere(svc: Services, job: Job, partition: str) -> bool:
+    """True when the job asked for GPUs by type or memory and ``partition``'s pool has another type."""
+    spec = stored_spec(job)
+    if not (getattr(spec, 'gpu_types', ()) or getattr(spec, 'gpu_mem_gb', None)):
+        return False
+    here, there = svc.settings.pool_of(job.partition or ""), svc.settings.pool_of(partition)
+    return here is None or there is None or here.gpu_type != there.gpu_type
 
 
 def _started_again(sj: SlurmJob, job: Job, nxt: Attempt) -> bool:
@@ -740,12 +857,12 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
             svc.backend.cancel(plan.cancel)
         if plan.release:
             svc.backend.release(plan.release)
-        for slurm_id in plan.to_ondemand:
-            svc.backend.update(slurm_id, partition=svc.settings.ondemand_partition)
+        for slurm_id, partition in plan.move:
+            svc.backend.update(slurm_id, partition=partition)
         if plan.start_now:
             svc.backend.start_now(plan.start_now)
 
-    if plan.off_spot and not _slurm_step(svc, now, "requeue onto on-demand", lambda: svc.backend.requeue(plan.off_spot)):
+    if plan.off_spot and not _slurm_step(svc, now, "requeue to move", lambda: svc.backend.requeue(plan.off_spot)):
         return
     if not _slurm_step(svc, now, "recovery action", recovery):
         return

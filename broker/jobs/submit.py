@@ -24,7 +24,7 @@ from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailab
 from broker.money.admission import admit
 from broker.state import Services, must_get
 from broker.jobs import lifecycle
-from broker.jobs.placement import capacity_of_partition, job_view, market_view
+from broker.jobs.placement import fitting_pools, job_view, place_in_pools
 from broker.jobs.views import job_summary
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.script import render_batch_script
@@ -71,15 +71,13 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
         return again
     _check_can_submit(svc, caller)
 
+    pools = fitting_pools(svc, spec)  # none fits: refused here, with each pool's reason
     if spec.partition:
-        partition = spec.partition
-        capacity = capacity_of_partition(svc.settings, partition)
-        placed_by = "user"
+        pool, placed_by = pools[0], "user"
     else:
-        placement = svc.policy.place(job_view(spec, now=now), market_view(svc, spec.nodes))
-        capacity = placement.capacity.value if placement.capacity.value != "none" else "spot"
-        partition = svc.settings.partition_for(capacity)
-        placed_by = f"{svc.policy.name}: {placement.reason}"
+        pool, choice = place_in_pools(svc, spec, job_view(spec, now=now), pools)
+        placed_by = f"{svc.policy.name}: {choice.reason}"
+    partition, capacity = pool.partition, pool.capacity
 
     # The whole sbatch request, validated now: nothing about it can fail after the intent.
     request_for(spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),

@@ -194,10 +194,18 @@ class NodeManager:
     def read_slurm(self) -> Snapshot:
         now = self.svc.clock.now()
         nodes = {n.name: n for n in self.svc.backend.nodes()}
-        self.svc.market.observer.observe(nodes.values(), self.svc.settings.spot_partition, now)
+        self.svc.market.observe(nodes.values(), self._gpus_in_use(), self.svc.settings.catalog(), now)
         jobs = self.svc.backend.jobs()
         pending = self.slurm.pending_jobs(jobs)
         return Snapshot(at=now, nodes=nodes, on_node=jobs_on_nodes(jobs), pending=pending)
+
+    def _gpus_in_use(self) -> dict[str, int]:
+        """GPUs allocated per node, for the pools' free-GPU census; {} when Slurm does not say."""
+        try:
+            return self.svc.backend.gpus_in_use()
+        except SlurmError as exc:
+            log.info("nodes: GPUs in use unknown this tick: %s", exc)
+            return {}
 
     def view(self, info: NodeInfo, snap: Snapshot, idle_since: dict[str, datetime]) -> NodeView:
         busy = info.state is NodeState.ALLOCATED or bool(snap.on_node.get(info.name))

@@ -210,6 +210,10 @@ class Backend(abc.ABC):
     def nodes(self) -> list[NodeInfo]:
         """Every node, in one call."""
 
+    def gpus_in_use(self) -> dict[str, int]:
+        """GPUs allocated to jobs now, per node, in one call; {} when the backend cannot tell."""
+        return {}
+
     @abc.abstractmethod
     def power_down(self, names: Iterable[str], force: bool = False) -> None:
         """Ask Slurm to power nodes down (``force`` kills what runs there)."""

@@ -226,6 +226,12 @@ class CliBackend(Backend):
         )
         return parse.parse_sinfo(out)
 
+    def gpus_in_use(self) -> dict[str, int]:
+        out = self._query(
+            ["sinfo", "--all", "--Node", "--noheader", f"--Format={parse.long_format(parse.GRES_USED_FIELDS)}"]
+        )
+        return parse.parse_gres_used(out)
+
     def ping(self) -> bool:
         try:
             out = self._query(["scontrol", "ping"])

@@ -39,6 +39,9 @@ SINFO_FIELDS: tuple[str, ...] = (
     "NodeList", "StateComplete", "PartitionName", "Features", "Gres", "Reason",
 )  # fmt: skip
 
+GRES_USED_FIELDS: tuple[str, ...] = ("NodeList", "GresUsed")
+"""``sinfo -N -O`` fields for the GPUs in use per node (``gpus_in_use``)."""
+
 _NO_VALUE = frozenset({"", "n/a", "none", "unknown", "(null)", "null", "not_set", "invalid"})
 
 
@@ -246,6 +249,15 @@ def parse_sinfo(stdout: str) -> list[NodeInfo]:
             flags=parsed.flags,
         )
     return list(merged.values())
+
+
+def parse_gres_used(stdout: str) -> dict[str, int]:
+    """Output of ``sinfo -N -h -O <long_format(GRES_USED_FIELDS)>``: node -> GPUs allocated now."""
+    out: dict[str, int] = {}
+    for f in _records(stdout, len(GRES_USED_FIELDS), "sinfo", RS + "\n"):
+        name, used = (x.strip() for x in f)
+        out[name] = max(out.get(name, 0), parse_gres_gpus(used))
+    return out
 
 
 def parse_sbatch_parsable(stdout: str) -> int:

@@ -198,3 +198,4 @@ class PyslurmBackend(CliBackend):
         except SlurmError:
             return False
         return True
+
