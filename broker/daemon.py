@@ -17,7 +17,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from broker.api import ApiServer
-from broker.config import Settings
+from broker.config import MIGRATE_HINT, Settings
 from broker.db.engine import check_private
 from broker.errors import BrokerError
 from broker.nodes.manager import NodeManager
@@ -108,6 +108,10 @@ class Daemon:
             self.settings.policy,
             tick,
         )
+        pools = self.settings.catalog().pools
+        log.info("pools: %s", ", ".join(f"{p.name} ({p.capacity}, {p.partition})" for p in pools))
+        if not self.settings.pools:
+            log.info(MIGRATE_HINT)
 
     def stop(self, *_: Any) -> None:
         if self.stopping.is_set():

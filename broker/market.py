@@ -136,6 +136,10 @@ class PoolCensus:
     free_gpus: tuple[int, ...] = ()
     nodes: int = 0
     """Every node of the pool's partition, usable or not."""
+    gpus: int = 0
+    """GPUs on the usable nodes."""
+    busy_gpus: int = 0
+    """GPUs allocated to jobs now."""
 
     def room(self, nodes: int, gpus_per_node: int) -> bool:
         """Could a gang of ``nodes`` x ``gpus_per_node`` start here now (a powered-down cloud node counts)?"""
@@ -144,8 +148,9 @@ class PoolCensus:
 
 def census(nodes: Iterable[NodeInfo], used: Mapping[str, int], partition: str) -> PoolCensus:
     mine = [n for n in nodes if partition in n.partitions]
-    free = tuple(max(0, n.gpus - used.get(n.name, 0)) for n in mine if usable(n))
-    return PoolCensus(free, len(mine))
+    ok = [n for n in mine if usable(n)]
+    free = tuple(max(0, n.gpus - used.get(n.name, 0)) for n in ok)
+    return PoolCensus(free, len(mine), sum(n.gpus for n in ok), sum(min(n.gpus, used.get(n.name, 0)) for n in ok))
 
 
 @dataclass

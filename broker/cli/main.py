@@ -47,6 +47,7 @@ LAZY_COMMANDS = {
     "price": "broker.cli.admin:price",
     "budget": "broker.cli.admin:budget",
     "report": "broker.cli.report:report",
+    "pools": "broker.cli.pools:pools",
 }
 
 

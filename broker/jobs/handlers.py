@@ -11,6 +11,7 @@ from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
 from broker.state import Services, must_get
 from broker.jobs import lifecycle
+from broker.jobs.placement import pool_table
 from broker.jobs.submit import submit
 from broker.jobs.views import job_detail, job_summary
 from broker.states import TERMINAL, JobState
@@ -55,7 +56,12 @@ def handlers(svc: Services) -> dict[str, Handler]:
                             hint="cancel in batches")
         return cancel_jobs(svc, caller, [_job_id(j) for j in raw])
 
-    return {"ping": ping, "submit": do_submit, "list": do_list, "show": do_show, "cancel": do_cancel}
+    def do_pools(caller: Caller, args: dict[str, Any]) -> Any:
+        _only(args, "pools")
+        return {"pools": pool_table(svc), "catalog": bool(svc.settings.pools)}
+
+    return {"ping": ping, "submit": do_submit, "list": do_list, "show": do_show, "cancel": do_cancel,
+            "pools": do_pools}
 
 
 # -- argument checks: every value a request carries is checked before use ---------------------

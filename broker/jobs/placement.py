@@ -227,3 +227,29 @@ def attempt_views(attempts: Sequence[Attempt]) -> list[AttemptView]:
 
 def _aware(dt: datetime) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def pool_table(svc: Services) -> list[dict[str, object]]:
+    """The catalog as ``gbroker pools`` shows it: each pool, its GPUs free and busy, price, reclaims."""
+    from broker.amount import format_money
+
+    watch = svc.market
+    out: list[dict[str, object]] = []
+    for p in svc.settings.catalog().pools:
+        c = watch.censuses.get(p.name)
+        price = watch.pool_prices.get(p.name)
+        row: dict[str, object] = {
+            "name": p.name, "partition": p.partition, "capacity": p.capacity, "gpu_type": p.gpu_type,
+            "gpu_mem_gb": p.gpu_mem_gb, "gpus_per_node": p.gpus_per_node, "speed": p.speed, "zone": p.zone,
+            "billing": p.billing.describe(), "power_down": p.power_down,
+            "nodes": c.nodes if c else None, "gpus": c.gpus if c else None,
+            "busy_gpus": c.busy_gpus if c else None, "free_gpus": sum(c.free_gpus) if c else None,
+            "price_micros": price, "price": format_money(price) if price is not None else None,
+            "reclaims_per_hour": None, "spot_available": None,
+        }
+        if p.spot:
+            m = watch.for_pool(p.name)
+            row["reclaims_per_hour"] = round(m.spot_reclaim_rate_per_hour, 4)
+            row["spot_available"] = m.spot_available if m.lookback_s or c else None
+        out.append(row)
+    return out
