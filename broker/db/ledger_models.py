@@ -87,6 +87,19 @@ class Quota(Base):
     updated_at: Mapped[datetime]
 
 
+class QuotaLimit(Base):
+    """Most GPUs a group may have in flight at once on one capacity class or one GPU type."""
+
+    __tablename__ = "quota_limits"
+
+    group_id: Mapped[int] = mapped_column(ForeignKey("lab_groups.id"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    """'class' (owned, reserved, spot, ondemand) or 'gpu' (a GPU type)."""
+    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    max_gpus: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime]
+
+
 class Price(Base):
     """Price per GPU-hour of (partition, capacity) from ``effective_at`` until the next row.
 

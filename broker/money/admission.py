@@ -66,6 +66,7 @@ def admit(
             hint=f"submit with your own group, or ask a lab admin: gbroker group members {group.name} --add {caller.name}",
         )
     _check_quota(session, group, spec, capacity)
+    _check_limits(session, settings, group, spec, capacity, partition)
 
     semester = B.semester_at(session, now)
     budget = B.budget_of(session, group.id, semester.id) if semester is not None else None
@@ -137,4 +138,27 @@ def _check_quota(session: Session, group: Any, spec: JobSpec, capacity: str) -> 
             f"queued or running on on-demand and this job needs {spec.gpus}",
             hint="make the job interruptible so it can run on spot, wait, or ask a lab admin to raise the quota "
             f"(gbroker quota set {group.name} --ondemand-gpus N)",
+        )
+
+
+def _check_limits(session: Session, settings: Any, group: Any, spec: JobSpec, capacity: str, partition: str) -> None:
+    """The group's limits per capacity class and per GPU type, on the pool the policy chose."""
+    limits = B.quota_limits(session, group.id)
+    if not limits:
+        return
+    pool = settings.pool_of(partition)
+    wanted = [("class", capacity)] + ([("gpu", pool.gpu_type)] if pool is not None and pool.gpu_type else [])
+    in_use = B.gpus_in_flight_by(session, group.slurm_account, settings)
+    for key in wanted:
+        limit = limits.get(key)
+        if limit is None or in_use.get(key, 0) + spec.gpus <= limit:
+            continue
+        kind, name = key
+        what = f"{CAPACITY_WORDS.get(name, name)} GPUs" if kind == "class" else f"{name} GPUs"
+        flag = "--class-gpus" if kind == "class" else "--type-gpus"
+        raise AdmissionRefused(
+            f"group {group.name}: quota is {limit} {what} at once; {in_use.get(key, 0)} are queued or running "
+            f"and this job needs {spec.gpus} (it was placed on {partition})",
+            hint="wait for some of the group's jobs to finish, ask for another GPU type (gpu = [...]), "
+            f"or ask a lab admin to raise it (gbroker quota set {group.name} {flag} {name}=N)",
         )

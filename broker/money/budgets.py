@@ -27,6 +27,7 @@ from broker.caller import Caller
 from broker.spec import account_name
 from broker.config import Settings
 from broker.db.ledger_models import (
+    QuotaLimit,
     Budget,
     Charge,
     GroupMember,
@@ -295,6 +296,28 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
         if job.capacity.value == "ondemand" or job.id in moving:
             ondemand += g
     return total, ondemand
+
+
+def quota_limits(s: Session, group_id: int) -> dict[tuple[str, str], int]:
+    """(kind, name) -> most GPUs at once: ('class', 'spot'), ('gpu', 'a100')..."""
+    rows = s.execute(select(QuotaLimit).where(QuotaLimit.group_id == group_id)).scalars()
+    return {(r.kind, r.name): r.max_gpus for r in rows}
+
+
+def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tuple[str, str], int]:
+    """GPUs of the account's queued and running jobs, per ('class', class) and per ('gpu', type).
+
+    A job counts where it is placed now (a job being moved counts where it goes);
+    its GPU type is its pool's."""
+    out: dict[tuple[str, str], int] = {}
+    jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
+    for job in jobs:
+        g = job_size(job).gpus
+        out[("class", job.capacity.value)] = out.get(("class", job.capacity.value), 0) + g
+        pool = settings.pool_of(job.partition or "")
+        if pool is not None and pool.gpu_type:
+            out[("gpu", pool.gpu_type)] = out.get(("gpu", pool.gpu_type), 0) + g
+    return out
 
 
 def ondemand_quota_full(s: Session, account: str, gpus: int) -> str | None:

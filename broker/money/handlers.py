@@ -205,6 +205,7 @@ def _group_dict(s: Session, group: LabGroup) -> dict[str, Any]:
         "name": group.name, "account": group.slurm_account, "members": B.members(s, group.id),
         "max_gpus": quota.max_gpus if quota else None,
         "max_ondemand_gpus": quota.max_ondemand_gpus if quota else None,
+        "limits": {f"{k}:{n}": v for (k, n), v in sorted(B.quota_limits(s, group.id).items())},
     }
 
 
@@ -218,10 +219,15 @@ _KEEP: Any = object()
 
 def quota_set(
     s: Session, svc: Services, caller: Caller, now: datetime, *, group: str, max_gpus: Any = _KEEP,
-    max_ondemand_gpus: Any = _KEEP,
+    max_ondemand_gpus: Any = _KEEP, limits: Any = _KEEP,
 ) -> dict[str, Any]:
-    """Set the limits given; a limit not given stays as it was; None removes it."""
+    """Set the limits given; a limit not given stays as it was; None removes it.
+
+    ``limits``: {"class:spot": 16, "gpu:a100": None, ...}: GPUs at once per capacity
+    class or GPU type (None removes that limit)."""
     g = B.group_named(s, group)
+    if limits is not _KEEP:
+        _set_limits(s, g.id, limits, now)
     quota = s.get(Quota, g.id)
     if quota is None:
         quota = Quota(group_id=g.id, max_gpus=None, max_ondemand_gpus=None, updated_at=now)
@@ -237,11 +243,41 @@ def quota_set(
     return _group_dict(s, g)
 
 
+LIMIT_KINDS = {"class": "--class-gpus", "gpu": "--type-gpus"}
+
+
+def _set_limits(s: Session, group_id: int, limits: Any, now: datetime) -> None:
+    from broker.db.ledger_models import QuotaLimit
+    from broker.pools import CLASSES
+
+    if not isinstance(limits, dict) or len(limits) > 64:
+        raise SpecError("limits: expected a table of 'class:NAME' or 'gpu:NAME' to a GPU count (at most 64)")
+    for key, value in limits.items():
+        kind, _, name = str(key).partition(":")
+        if kind not in LIMIT_KINDS or not name:
+            raise SpecError(f"quota limit {key!r}: write class:NAME or gpu:NAME", hint="e.g. --class-gpus spot=16")
+        if kind == "class" and name not in CLASSES:
+            raise SpecError(f"quota limit {key!r}: the classes are {', '.join(CLASSES)}")
+        name = _name(name, LIMIT_KINDS[kind])
+        count = _opt_int(value, LIMIT_KINDS[kind])
+        row = s.get(QuotaLimit, (group_id, kind, name))
+        if count is None:
+            if row is not None:
+                s.delete(row)
+        elif row is None:
+            s.add(QuotaLimit(group_id=group_id, kind=kind, name=name, max_gpus=count, updated_at=now))
+        else:
+            row.max_gpus, row.updated_at = count, now
+    s.flush()
+
+
 def quota_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list[dict[str, Any]]:
     out = []
     for g in B.visible_groups(s, caller):
         item = _group_dict(s, g)
         item["in_use_gpus"], item["in_use_ondemand_gpus"] = B.gpus_in_flight(s, g.slurm_account)
+        item["in_use_by"] = {f"{k}:{n}": v for (k, n), v in
+                             sorted(B.gpus_in_flight_by(s, g.slurm_account, svc.settings).items())}
         out.append(item)
     return out
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 ANY_PARTITION = "*"
-CAPACITIES = ("spot", "ondemand")
+CAPACITIES = ("owned", "reserved", "spot", "ondemand")
+"""Capacity classes a price is given for (owned and reserved: the internal rate their use is valued at)."""
 
 
 @dataclass(frozen=True)

@@ -163,14 +163,14 @@ def _billing(table: Mapping[str, Any]) -> Billing:
                          "(or set billing_increment_seconds and billing_minimum_seconds)")
     inc, minimum = BILLING[name]
     inc = _whole(table.get("billing_increment_seconds", inc), "billing_increment_seconds", 1) or inc
-    minimum = _whole(table.get("billing_minimum_seconds", minimum), "billing_minimum_seconds")
+    minimum = _whole(table.get("billing_minimum_seconds", minimum), "billing_minimum_seconds") or 0
     stopped = _money(table.get("stopped_price_per_hour"), "stopped_price_per_hour")
     what = table.get("stopped_bills", "")
     if not isinstance(what, str):
         raise ValueError("stopped_bills must be text, e.g. \"EBS volume\"")
     if what and not stopped:
         raise ValueError("stopped_bills says what bills while stopped; give stopped_price_per_hour too")
-    return Billing(inc, minimum or 0, stopped, what)
+    return Billing(inc, minimum, stopped, what)
 
 
 def parse_pools(value: Any, source: str) -> tuple[Pool, ...]:

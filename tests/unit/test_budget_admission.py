@@ -438,3 +438,23 @@ def test_a_charge_notes_when_sacct_and_the_daemon_disagree(world: World) -> None
         msg = s.execute(select(Event.message).where(Event.kind == "charged")).scalar_one()
     assert "sacct's 80s used, the daemon saw 60s" in msg
     assert [ln["seconds"] for ln in world.lines()] == [80]
+
+
+def test_quota_per_capacity_class_counts_where_the_policy_placed_the_job(world: World) -> None:
+    ops = world.ops()
+    g = ops["quota_set"](ROOT, {"group": "vision", "limits": {"class:spot": 4}})
+    assert g["limits"] == {"class:spot": 4}
+    world.submit(gpus=4, time="1h")  # placed on spot: 4 of 4
+    with pytest.raises(AdmissionRefused) as err:
+        world.submit(gpus=1, time="1h")
+    assert err.value.message.startswith("group vision: quota is 4 spot GPUs at once; 4 are queued or running")
+    assert "--class-gpus spot=N" in (err.value.hint or "")
+    world.submit(gpus=2, time="1h", interruptible=False)  # on-demand: not limited by the spot limit
+    listed = {q["name"]: q for q in ops["quota_list"](ROOT, {})}["vision"]
+    assert listed["in_use_by"] == {"class:ondemand": 2, "class:spot": 4}
+    # None removes the limit; a wrong key is refused by name.
+    assert ops["quota_set"](ROOT, {"group": "vision", "limits": {"class:spot": None}})["limits"] == {}
+    world.submit(gpus=1, time="1h")
+    for bad in ({"spot": 4}, {"class:gold": 4}, {"gpu:a100": -1}):
+        with pytest.raises(SpecError):
+            ops["quota_set"](ROOT, {"group": "vision", "limits": bad})
