@@ -7,6 +7,7 @@ are from the kernel, exactly as in production.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -16,7 +17,7 @@ import subprocess
 import tempfile
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,9 @@ def user_dir(base: Path, user: str) -> Path:
     return base
 
 
-@pytest.fixture
-def broker_daemon(slurm_cluster: Any):
+@contextlib.contextmanager
+def daemon_with_config(slurm_cluster: Any, config: str, **env_extra: str) -> Iterator[BrokerDaemon]:
+    """A daemon on the dev cluster with ``config`` as its settings file, stopped and removed after."""
     work = public_dir("gbroker-test-")
     env = dict(os.environ)
     env.update(slurm_cluster.env)
@@ -192,7 +194,8 @@ def broker_daemon(slurm_cluster: Any):
             "PYTHONPATH": str(SRC),
         }
     )
-    (work / "gbroker.toml").write_text("# defaults; the environment sets the rest\n")
+    env.update(env_extra)
+    (work / "gbroker.toml").write_text(config)
     d = BrokerDaemon(
         workdir=user_dir(work / "jobs", "alice"),
         socket=str(work / "gbroker.sock"),
@@ -201,9 +204,17 @@ def broker_daemon(slurm_cluster: Any):
         log_path=work / "daemon.log",
     )
     d.start()
-    yield d
-    d.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def broker_daemon(slurm_cluster: Any):
+    with daemon_with_config(slurm_cluster, "# defaults; the environment sets the rest\n") as d:
+        yield d
 
 
 # -- cluster actions the broker tests need ---------------------------------------

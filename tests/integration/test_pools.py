@@ -1,0 +1,201 @@
+"""Capacity pools on the real dev cluster lab (contrib/slurm/lab.toml): owned nodes first, GPU types
+by memory, spot in two zones, on-demand last; refusals with each pool's reason; a config from before
+pools runs unchanged."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from broker.config import MIGRATE_HINT
+from broker_fixtures import REPO, SRC, BrokerDaemon, daemon_with_config, public_dir, user_dir
+
+LAB = REPO / "contrib" / "slurm" / "lab.toml"
+SEMESTER = "lab-term"
+
+
+def lab_config() -> str:
+    # The lab's catalog as it ships, minus the provider (the dev cluster's power hooks boot the
+    # nodes themselves in these tests).
+    return re.sub(r"(?m)^node_provider = .*$", "", LAB.read_text())
+
+
+@pytest.fixture
+def lab(slurm_cluster: Any):
+    with daemon_with_config(slurm_cluster, lab_config(), GBROKER_NODE_TICK_SECONDS="2") as d:
+        yield d
+    # Leave the lab as found: zone a back in service, nothing of ours queued.
+    slurm_cluster.run(["scontrol", "update", "nodename=spot[1-4]", "state=resume"], check=False)
+    names = slurm_cluster.run(["squeue", "-h", "-o", "%i %j"], check=False).stdout.split("\n")
+    ids = [n.split()[0] for n in names if n.strip() and n.split()[1].startswith("gb-")]
+    if ids:
+        slurm_cluster.run(["scancel", *ids], check=False)
+
+
+def ok(r: Any) -> Any:
+    assert r.code == 0, f"exit {r.code}\n{r.out}\n{r.err}"
+    return r
+
+
+def submit(d: BrokerDaemon, *args: str, user: str = "alice") -> dict[str, Any]:
+    group = "climate" if user == "carol" else "vision"
+    return ok(d.cli("submit", "--json", "--group", group, *args, user=user)).json()
+
+
+def sacct_tres(cluster: Any, slurm_id: int) -> str:
+    out = cluster.run(["sacct", "-n", "-P", "-X", "-j", str(slurm_id), "-o", "ReqTRES,AllocTRES"]).stdout
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def slurm_id_of(d: BrokerDaemon, job_id: int) -> int:
+    job = d.wait_job(job_id, lambda j: j["attempts"][-1].get("slurm_job_id") is not None, timeout=60)
+    return int(job["attempts"][-1]["slurm_job_id"])
+
+
+def in_queue(cluster: Any, slurm_id: int) -> tuple[str, str]:
+    """(partition, state) of a Slurm job in the queue."""
+    out = cluster.run(["squeue", "-h", "-j", str(slurm_id), "-o", "%P %T"], check=False).stdout.split()
+    return (out[0], out[1]) if len(out) == 2 else ("", "")
+
+
+def test_a_job_no_pool_can_hold_is_refused_with_each_pools_reason_and_nothing_is_stored(lab):
+    r = lab.cli("submit", "--group", "vision", "--gpu-mem-gb", "100", "--time", "10m", "--", "true")
+    assert r.code != 0
+    assert "no pool can hold this job" in r.err
+    for pool, why in (("owned", "24 GB per GPU"), ("spot-a", "24 GB per GPU"), ("spot-b", "80 GB per GPU"),
+                      ("ondemand", "80 GB per GPU")):
+        assert f"{pool}: {why}, the job needs 100 GB" in r.err, r.err
+    r = lab.cli("submit", "--group", "vision", "--gpu", "h100", "--time", "10m", "--", "true")
+    assert r.code != 0 and "owned: has l4, the job asks for h100" in r.err and "spot-b: has a100" in r.err, r.err
+    r = lab.cli("submit", "--group", "vision", "--gpus", "8", "--time", "10m", "--", "true")
+    assert r.code != 0 and "4 GPUs per node, the job asks for 8" in r.err, r.err
+    listed = ok(lab.cli("list", "--json", "--all")).json()
+    assert listed == [] or listed.get("jobs", listed) == [], listed
+
+
+def test_owned_first_then_spot_memory_picks_the_type_and_strict_jobs_wait_or_go_ondemand(lab, slurm_cluster):
+    d = lab
+    pools = {p["name"]: p for p in ok(d.cli("pools", "--json")).json()["pools"]}
+    assert set(pools) == {"owned", "spot-a", "spot-b", "ondemand"}
+    assert pools["owned"]["capacity"] == "owned" and pools["spot-b"]["gpu_type"] == "a100"
+    # Owned nodes (own1-2, 4 L4 each) fill first.
+    a = submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600")
+    b = submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600")
+    assert (a["partition"], a["capacity"]) == ("owned", "owned"), a
+    assert (b["partition"], b["capacity"]) == ("owned", "owned"), b
+    for j in (a, b):
+        d.wait_job(j["id"], lambda x: x["state"] == "running", timeout=60)
+    # The census sees owned full at the next node tick.
+    slurm_cluster.wait_for(lambda: ok(d.cli("pools", "--json")).json()["pools"][0]["free_gpus"] == 0, 30,
+                           what="the owned pool to show no free GPUs")
+    # Owned full: an interruptible job takes spot (zone a, the cheapest per unit of work).
+    c = submit(d, "--gpus", "1", "--time", "20m", "--", "sleep", "600")
+    assert (c["partition"], c["capacity"]) == ("spot", "spot"), c
+    # 40 GB per GPU: only the A100 pools hold it; spot-b is the cheaper of them. Never an L4.
+    m = submit(d, "--gpus", "1", "--gpu-mem-gb", "40", "--time", "20m", "--", "sleep", "600")
+    assert (m["partition"], m["capacity"]) == ("spotb", "spot"), m
+    d.wait_job(m["id"], lambda x: x["state"] == "running", timeout=120)
+    tres = sacct_tres(slurm_cluster, slurm_id_of(d, m["id"]))
+    assert "gres/gpu:a100=1" in tres and "l4" not in tres, tres
+    # Not interruptible, no deadline: waits for owned capacity (pending in the owned queue).
+    w = submit(d, "--gpus", "4", "--no-interruptible", "--time", "10m", "--", "sleep", "5")
+    assert (w["partition"], w["state"]) == ("owned", "pending"), w
+    # Not interruptible, a deadline that cannot wait: L4 or A100, and owned is full: the A100 on-demand pool.
+    deadline = (datetime.now(UTC) + timedelta(minutes=11)).isoformat(timespec="seconds")
+    u = submit(d, "--gpus", "1", "--gpu", "l4,a100", "--no-interruptible", "--time", "10m",
+               "--deadline", deadline, "--", "sleep", "5")
+    assert (u["partition"], u["capacity"]) == ("ondemand", "ondemand"), u
+    u_done = d.wait_job(u["id"], lambda x: x["state"] == "completed", timeout=180)
+    assert u_done["attempts"][0]["nodes"].startswith("od")
+    assert "gres/gpu:a100=1" in sacct_tres(slurm_cluster, slurm_id_of(d, u["id"]))
+    # The waiting job starts on owned capacity as soon as it frees up.
+    assert d.show(w["id"])["state"] == "pending"
+    ok(d.cli("cancel", str(a["id"])))
+    done = d.wait_job(w["id"], lambda x: x["state"] == "completed", timeout=120)
+    assert done["attempts"][0]["nodes"].startswith("own") and len(done["attempts"]) == 1, done
+    for j in (b, c, m):
+        ok(d.cli("cancel", str(j["id"])))
+
+
+def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_both(lab, slurm_cluster):
+    d = lab
+    admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
+    today = datetime.now(UTC).date()
+    admin("semester", "add", SEMESTER, "--start", str(today - timedelta(days=1)),
+          "--end", str(today + timedelta(days=30)))
+    admin("group", "add", "vision", "--member", "alice")
+    # Owned capacity busy, so the job goes to spot.
+    blockers = [submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600") for _ in range(2)]
+    assert all(b["partition"] == "owned" for b in blockers)
+    base = user_dir(public_dir("gbroker-zones-"), "alice")
+    ck, out = base / "ck", base / "result.json"
+    job = submit(d, "--kind", "finetune", "--gpus", "4", "--time", "30m", "--checkpoint-dir", str(ck),
+                 "--checkpoint-style", "signal", "--name", "zones", "--", "python3",
+                 str(SRC / "examples" / "finetune.py"), "--steps", "20", "--step-seconds", "1", "--every", "1",
+                 "--out", str(out))
+    assert (job["partition"], job["capacity"]) == ("spot", "spot"), job
+    running = d.wait_job(job["id"], lambda j: j["state"] == "running", timeout=180)
+    node = running["attempts"][0]["nodes"]
+    assert node.startswith("spot") and not node.startswith("spotb"), node
+    # Zone a goes away: the other nodes are drained, then the job's node is reclaimed.
+    others = [n for n in ("spot1", "spot2", "spot3", "spot4") if n != node]
+    slurm_cluster.run(["scontrol", "update", f"nodename={','.join(others)}", "state=drain", "reason=zone-a-outage"])
+    slurm_cluster.wait_for(
+        lambda: next(p for p in ok(d.cli("pools", "--json")).json()["pools"] if p["name"] == "spot-a")["spot_available"]
+        == 1, 30, what="the census to see zone a drained")
+    time.sleep(3)  # some progress to keep
+    slurm_cluster.reclaim(node)
+    moved = d.wait_job(job["id"], lambda j: len(j["attempts"]) == 2 and j["state"] == "running", timeout=180)
+    assert moved["attempts"][0]["state"] == "reclaimed"
+    assert moved["attempts"][1]["partition"] == "spotb" and moved["attempts"][1]["nodes"].startswith("spotb"), moved
+    done = d.wait_job(job["id"], lambda j: j["state"] == "completed", timeout=240)
+    assert [a["partition"] for a in done["attempts"]] == ["spot", "spotb"]
+    result = json.loads(out.read_text())
+    assert result["step"] == 20 and result["attempts"][1]["from_step"] > 0, result  # resumed, not restarted
+    # The ledger charges each run to its own pool.
+    def by_pool() -> dict[str, Any]:
+        rep = ok(d.cli("report", "--semester", SEMESTER, "--by", "pool", "--json", user="root")).json()
+        return {r["key"]: r for r in rep["rows"]}
+    rows = slurm_cluster.wait_for(lambda: (r := by_pool()) if {"spot-a", "spot-b"} <= set(r) else None, 60,
+                                  what="charges in both spot pools")
+    assert rows["spot-a"]["gpu_seconds"] > 0 and rows["spot-b"]["gpu_seconds"] > 0, rows
+    for b in blockers:
+        ok(d.cli("cancel", str(b["id"])))
+
+
+LEGACY = """\
+# A settings file from before pools.
+tick_seconds = 1
+[partitions]
+spot = "spot"
+ondemand = "ondemand"
+
+[nodes.spot]
+idle_seconds = 120
+"""
+
+
+def test_a_two_partition_config_from_before_pools_runs_unchanged(slurm_cluster):
+    with daemon_with_config(slurm_cluster, LEGACY) as d:
+        pools = ok(d.cli("pools", "--json")).json()
+        assert [(p["name"], p["partition"], p["capacity"]) for p in pools["pools"]] == [
+            ("spot", "spot", "spot"), ("ondemand", "ondemand", "ondemand")]
+        assert pools["catalog"] is False
+        assert "two pools from [partitions]" in ok(d.cli("pools")).out
+        spot = submit(d, "--gpus", "1", "--time", "10m", "--", "sleep", "2")
+        strict = submit(d, "--gpus", "1", "--no-interruptible", "--time", "10m", "--", "sleep", "2")
+        assert (spot["partition"], spot["capacity"]) == ("spot", "spot")
+        assert (strict["partition"], strict["capacity"]) == ("ondemand", "ondemand")
+        for j in (spot, strict):
+            done = d.wait_job(j["id"], lambda x: x["state"] == "completed", timeout=180)
+            assert len(done["attempts"]) == 1
+        # Untyped GPUs, as before: no gres type in the request.
+        req = sacct_tres(slurm_cluster, slurm_id_of(d, spot["id"])).split("|")[0]
+        assert "gres/gpu=1" in req and "gres/gpu:" not in req, req
+        log = d.log_path.read_text()
+        assert log.count(MIGRATE_HINT) == 1, "the way to pools is said once"
