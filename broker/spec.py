@@ -8,6 +8,14 @@ root and must not open paths a user names.
 
 Only the standard library is imported here, so ``gbroker submit`` starts fast.
 
+What a job asks of a node: GPUs (``gpu``: a type or a list of types, any of
+them; ``gpu_mem_gb``: memory per GPU), CPUs (``cpus_per_gpu`` or
+``cpus_per_task``) and memory (``mem_per_gpu`` or ``mem`` per node, in
+Slurm's sizes: a bare number is MB, or K/M/G/T). The ``#SBATCH`` lines at the
+top of a script set the same fields (:mod:`broker.sbatch_lines` reads them);
+a line that disagrees with the job file or the flags, and an option gbroker
+does not read, are refused.
+
 Durations follow Slurm: a bare number is *minutes* ("90" = 1h30m), as in
 ``sbatch --time=90``. Unit forms ("90s", "45m", "2h", "1h30m", "2d") and the
 Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work too
@@ -21,10 +29,14 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from broker import sbatch_lines
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
+
+if TYPE_CHECKING:
+    from broker.pools import GpuRequest
 
 T = TypeVar("T")
 
@@ -47,8 +59,19 @@ MAX_COMMAND_BYTES = 128 * 1024
 MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_PATH_CHARS = 4096
 MAX_DEADLINE_AHEAD_S = 2 * 365 * 24 * 3600
+MAX_GPU_TYPES = 16
+MAX_GPU_MEM_GB = 1024
+"""Memory per GPU a job may ask for (the largest GPUs have under 200 GB)."""
+MAX_CPUS_PER_NODE = 1024
+"""CPUs a job may ask for on one node (cpus_per_gpu x GPUs, or cpus_per_task x tasks)."""
+MAX_MEM_PER_NODE_MB = 16 * 1024 * 1024
+"""Memory a job may ask for on one node: 16 TiB (mem, or mem_per_gpu x GPUs)."""
 
+SIZE_RE = re.compile(r"(\d{1,12})(?:([KMGTkmgt])[Bb]?)?")
+SIZE_UNIT_MB = {"M": 1, "G": 1024, "T": 1024 * 1024}
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+GPU_TYPE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A Slurm gres type name (``a100``, ``h100-80gb``)."""
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "GBROKER_")
 """Slurm's tools read SLURM_*/SBATCH_*/SALLOC_*/SRUN_* (SBATCH_ACCOUNT would change
@@ -87,6 +110,12 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "signal_lead_s",
     "warning_signal",
     "tasks_per_node",
+    "gpu",
+    "gpu_mem_gb",
+    "cpus_per_gpu",
+    "cpus_per_task",
+    "mem_per_gpu",
+    "mem",
 )
 WARNING_SIGNALS: tuple[str, ...] = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
 """Signals a job may ask for as its time-limit warning (sent to every process of the job)."""
@@ -128,6 +157,15 @@ class JobSpec:
     A job with ``checkpoint.style = "signal"`` gets USR1 unless it names another."""
     tasks_per_node: int | str = 1
     """Slurm tasks per node: a number, or ``"gpu"`` for one per GPU."""
+    gpu_types: tuple[str, ...] = ()
+    """Any of these GPU types (Slurm gres types); empty: any type."""
+    gpu_mem_gb: int | None = None
+    """At least this much memory per GPU."""
+    cpus_per_gpu: int | None = None
+    cpus_per_task: int | None = None
+    mem_per_gpu_mb: int | None = None
+    mem_mb: int | None = None
+    """Memory per node; at most one of ``mem_mb`` and ``mem_per_gpu_mb`` is set."""
 
     @property
     def gpus(self) -> int:
@@ -144,6 +182,34 @@ class JobSpec:
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+    @property
+    def cpus_per_node(self) -> int | None:
+        """CPUs the job asks for on each node, or None when it asks for none in particular."""
+        if self.cpus_per_gpu is not None:
+            return self.cpus_per_gpu * self.gpus_per_node
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task * self.tasks
+        return None
+
+    @property
+    def mem_per_node_mb(self) -> int | None:
+        """Memory the job asks for on each node, or None when it asks for none in particular."""
+        if self.mem_mb is not None:
+            return self.mem_mb
+        if self.mem_per_gpu_mb is not None:
+            return self.mem_per_gpu_mb * self.gpus_per_node
+        return None
+
+    def gpu_request(self) -> GpuRequest:
+        """What the job asks of the capacity it runs on, for the pool catalog's fit."""
+        from broker.pools import GpuRequest
+
+        return GpuRequest(
+            gpus_per_node=self.gpus_per_node, nodes=self.nodes, gpu_types=self.gpu_types,
+            gpu_mem_gb=self.gpu_mem_gb, cpus_per_node=self.cpus_per_node,
+            mem_per_node_mb=self.mem_per_node_mb, interruptible=self.interruptible,
+        )
 
 
 # --------------------------------------------------------------------------- entry points
@@ -194,7 +260,7 @@ def parse_spec(
     "deadline in the future" check. ``partitions``, when given, lists the
     partitions a user may name.
     """
-    return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=True).parse(data)
+    return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=True, read_lines=True).parse(data)
 
 
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
@@ -231,6 +297,16 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         out["script"] = script
     if spec.workdir is not None:
         out["workdir"] = spec.workdir
+    if spec.gpu_types:
+        out["gpu"] = list(spec.gpu_types)
+    for key, value in (("gpu_mem_gb", spec.gpu_mem_gb), ("cpus_per_gpu", spec.cpus_per_gpu),
+                       ("cpus_per_task", spec.cpus_per_task)):
+        if value is not None:
+            out[key] = value
+    if spec.mem_per_gpu_mb is not None:
+        out["mem_per_gpu"] = f"{spec.mem_per_gpu_mb}M"
+    if spec.mem_mb is not None:
+        out["mem"] = f"{spec.mem_mb}M"
     return out
 
 
@@ -248,42 +324,15 @@ def spec_from_dict(
     stored spec read back later) the deadline is not required to lie in the
     future, and relative deadlines are refused because nothing anchors them.
     A script must come as text: a bare path is refused, the client reads it.
+
+    With ``now`` the script's ``#SBATCH`` lines are read again (a hostile
+    client could have left them out of the fields). A stored spec is not read
+    for them: its fields are the request that was admitted and submitted
+    (``spec_to_dict`` writes every field a line set), and a spec stored before
+    gbroker read these lines ran with its fields alone.
     """
-    return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=False).parse(data)
-
-
-# --------------------------------------------------------------------------- #SBATCH guard
-
-FORBIDDEN_SBATCH_LONG: tuple[str, ...] = ("partition", "account", "uid", "gid", "qos", "reservation", "comment")
-"""Set by gbroker itself. sbatch accepts unambiguous prefixes of long options,
-so '--part=x' counts too. The comment carries gbroker's job key."""
-FORBIDDEN_SBATCH_SHORT = frozenset("pAq")
-# sbatch short options that take no argument, and so may be bundled ("-Hp gpu").
-_SBATCH_SHORT_NO_ARG = frozenset("hHIkOQsuvVW")
-
-
-def forbidden_sbatch_option(line: str) -> str | None:
-    """The forbidden option a '#SBATCH' line sets, or None."""
-    body = line.strip()[len("#SBATCH"):]
-    try:
-        tokens = shlex.split(body, comments=True)
-    except ValueError:
-        tokens = body.split()
-    for tok in tokens:
-        if tok.startswith("--"):
-            opt = tok[2:].split("=", 1)[0]
-            if not opt:
-                continue
-            for name in FORBIDDEN_SBATCH_LONG:
-                if name.startswith(opt):
-                    return f"--{name}"
-        elif tok.startswith("-") and len(tok) > 1:
-            for ch in tok[1:]:
-                if ch in FORBIDDEN_SBATCH_SHORT:
-                    return f"-{ch}"
-                if ch not in _SBATCH_SHORT_NO_ARG:
-                    break  # the rest of the token is this option's argument
-    return None
+    return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=False,
+                   read_lines=now is not None).parse(data)
 
 
 # --------------------------------------------------------------------------- the parser
@@ -334,6 +383,7 @@ class _Parser:
         max_nodes: int,
         *,
         read_files: bool,
+        read_lines: bool,
     ) -> None:
         if now is not None and (now.tzinfo is None or now.utcoffset() is None):
             raise ValueError("now must be timezone-aware")
@@ -342,6 +392,9 @@ class _Parser:
         self.max_gpus_per_node = max_gpus_per_node
         self.max_nodes = max_nodes
         self.read_files = read_files
+        self.read_lines = read_lines
+        self.sources: dict[str, str] = {}
+        """Fields an #SBATCH line set, and which line (for messages)."""
 
     # -- helpers ---------------------------------------------------------------
 
@@ -430,11 +483,14 @@ class _Parser:
                 return fallback
 
         check(self.check_keys, data, TOP_LEVEL_KEYS, "job", fallback=None)
+        no_script: tuple[str | None, str | None] = (None, None)
+        script, script_path = check(self.script, data, fallback=no_script)
+        if script is not None and self.read_lines:
+            data = self.with_script_lines(data, script, errors)
         kind = check(self.kind, data, fallback="other")
         group = check(self.group, data, fallback="")
-        gpus_per_node = check(self.integer, data, "gpus_per_node", 1, 1, self.max_gpus_per_node,
-                              "the largest node has that many GPUs", fallback=1)
-        nodes = check(self.integer, data, "nodes", 1, 1, self.max_nodes, "the cluster's limit per job", fallback=1)
+        gpus_per_node = check(self.gpus_per_node, data, fallback=1)
+        nodes = check(self.nodes, data, fallback=1)
         time_limit_s: int | None = check(self.time_limit, data, fallback=None)
         deadline = check(self.deadline, data, time_limit_s, fallback=None)
         interruptible = check(self.boolean, data, "interruptible", True, fallback=True)
@@ -442,8 +498,6 @@ class _Parser:
         style, ckpt_dir = check(self.checkpoint, data, fallback=no_ckpt)
         partition = check(self.partition, data, fallback=None)
         command = check(self.command, data, fallback=None)
-        no_script: tuple[str | None, str | None] = (None, None)
-        script, script_path = check(self.script, data, fallback=no_script)
         if data.get("command") is None and data.get("script") is None:
             errors.append(SpecError("command: give a command (a list) or a script",
                                     hint='command = ["python", "train.py"]  or  script = "/abs/path/job.sh"'))
@@ -458,19 +512,202 @@ class _Parser:
         warning_signal = check(self.warning_signal, data, style, fallback=None)
         one: int | str = 1
         tasks_per_node = check(self.tasks_per_node, data, fallback=one)
+        no_types: tuple[str, ...] = ()
+        gpu_types = check(self.gpu_types, data, fallback=no_types)
+        gpu_mem_gb = check(self.gpu_mem_gb, data, fallback=None)
+        cpus_per_gpu = check(self.cpus_per_gpu, data, fallback=None)
+        cpus_per_task = check(self.cpus_per_task, data, fallback=None)
+        mem_per_gpu_mb = check(self.size_mb, data, "mem_per_gpu", fallback=None)
+        mem_mb = check(self.size_mb, data, "mem", fallback=None)
         name_raw = check(self.string, data, "name", fallback=None)
         name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
                 else _default_name(command, script_path, kind))
-        if errors:
-            raise _combine(errors)
-        assert time_limit_s is not None
-        return JobSpec(
-            name=name, kind=kind, group=group, time_limit_s=time_limit_s, gpus_per_node=gpus_per_node,
+        spec = JobSpec(
+            name=name, kind=kind, group=group, time_limit_s=time_limit_s or 1, gpus_per_node=gpus_per_node,
             nodes=nodes, deadline=deadline, interruptible=interruptible, checkpoint_style=style,
             checkpoint_dir=ckpt_dir, partition=partition, command=command, script=script,
             script_path=script_path, workdir=workdir, env=env, max_retries=max_retries,
             signal_lead_s=signal_lead_s, warning_signal=warning_signal, tasks_per_node=tasks_per_node,
+            gpu_types=gpu_types, gpu_mem_gb=gpu_mem_gb, cpus_per_gpu=cpus_per_gpu, cpus_per_task=cpus_per_task,
+            mem_per_gpu_mb=mem_per_gpu_mb, mem_mb=mem_mb,
         )
+        check(self.check_resources, spec, fallback=None)
+        if errors:
+            raise _combine(errors)
+        assert time_limit_s is not None
+        return spec
+
+    # -- what a node must have -------------------------------------------------
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, "the job")
+
+    def check_resources(self, spec: JobSpec) -> None:
+        """The rules between the resource fields: one way to ask for CPUs and for memory, sizes a node can have."""
+        errors: list[SpecError] = []
+        for a, b, both in (("cpus_per_gpu", "cpus_per_task", spec.cpus_per_gpu is not None
+                            and spec.cpus_per_task is not None),
+                           ("mem_per_gpu", "mem", spec.mem_per_gpu_mb is not None and spec.mem_mb is not None)):
+            if both:
+                per = "CPUs per GPU or per task" if a == "cpus_per_gpu" else "memory per GPU or per node"
+                errors.append(SpecError(
+                    f"{a}/{b}: give one of them, not both ({a} from {self.source(a)}, {b} from {self.source(b)})",
+                    hint=f"they ask for {per}; keep the one you mean"))
+        cpus = spec.cpus_per_node
+        if cpus is not None and cpus > MAX_CPUS_PER_NODE:
+            how = (f"cpus_per_gpu {spec.cpus_per_gpu} x {spec.gpus_per_node} GPUs" if spec.cpus_per_gpu is not None
+                   else f"cpus_per_task {spec.cpus_per_task} x {spec.tasks} tasks")
+            fld = "cpus_per_gpu" if spec.cpus_per_gpu is not None else "cpus_per_task"
+            errors.append(SpecError(f"{fld}: {how} is {cpus} CPUs per node, more than the {MAX_CPUS_PER_NODE} "
+                                    "a node can have", hint=f"lower {fld}"))
+        mem = spec.mem_per_node_mb
+        if spec.mem_per_gpu_mb is not None and mem is not None and mem > MAX_MEM_PER_NODE_MB:
+            errors.append(SpecError(f"mem_per_gpu: {spec.mem_per_gpu_mb}M x {spec.gpus_per_node} GPUs is more than "
+                                    "16 TiB per node", hint="lower mem_per_gpu"))
+        if errors:
+            raise _combine(errors)
+
+    def with_script_lines(self, data: Mapping[str, Any], script: str, errors: list[SpecError]) -> dict[str, Any]:
+        """``data`` with the fields the script's #SBATCH lines set; a line that disagrees is refused.
+
+        A field given in the job (file or flags) and by a line must have the same
+        value; each line's value is checked by the same code as the job file's.
+        """
+        found, refused = sbatch_lines.read(script)
+        errors.extend(refused)
+        merged = dict(data)
+        checkers = self.line_fields()
+        seen: dict[str, tuple[sbatch_lines.Line, Any]] = {}
+        for line in found:
+            check_one = checkers[line.key]
+            try:
+                value = check_one({line.key: line.value})
+            except SpecError as exc:
+                errors.append(SpecError(f"script: line {line.lineno}: '#SBATCH {line.option}': {exc.message}",
+                                        hint=exc.hint))
+                continue
+            if line.key in seen:
+                first, first_value = seen[line.key]
+                if not _same(first_value, value):
+                    errors.append(SpecError(
+                        f"{line.key}: {first.where} and {line.where} disagree",
+                        hint="keep one of the two lines"))
+                continue
+            seen[line.key] = (line, value)
+            if data.get(line.key) is not None:
+                try:
+                    given = check_one(data)
+                except SpecError:
+                    continue  # the field's own check reports it
+                if not _same(given, value):
+                    errors.append(SpecError(
+                        f"{line.key}: the job gives {_shown(data[line.key])}, but {line.where} asks for "
+                        f"{_shown(line.value)}",
+                        hint=f"give {line.key} in one place (the job file, a flag or the #SBATCH line), "
+                        "or make them agree"))
+                continue
+            merged[line.key] = line.value
+            self.sources[line.key] = line.where
+        return merged
+
+    def line_fields(self) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+        """The check of each field an #SBATCH line can set (the job file's own checks)."""
+        return {
+            "gpus_per_node": self.gpus_per_node,
+            "gpu": self.gpu_types,
+            "nodes": self.nodes,
+            "tasks_per_node": self.tasks_per_node,
+            "cpus_per_task": self.cpus_per_task,
+            "cpus_per_gpu": self.cpus_per_gpu,
+            "mem": lambda d: self.size_mb(d, "mem"),
+            "mem_per_gpu": lambda d: self.size_mb(d, "mem_per_gpu"),
+            "time_limit": self.time_limit,
+            "name": self.job_name,
+        }
+
+    def gpus_per_node(self, data: Mapping[str, Any]) -> int:
+        return self.integer(data, "gpus_per_node", 1, 1, self.max_gpus_per_node, "the largest node has that many GPUs")
+
+    def nodes(self, data: Mapping[str, Any]) -> int:
+        return self.integer(data, "nodes", 1, 1, self.max_nodes, "the cluster's limit per job")
+
+    def optional_count(self, data: Mapping[str, Any], fld: str, hi: int, why_hi: str) -> int | None:
+        if data.get(fld) is None:
+            return None
+        return self.integer(data, fld, 1, 1, hi, why_hi)
+
+    def gpu_mem_gb(self, data: Mapping[str, Any]) -> int | None:
+        return self.optional_count(data, "gpu_mem_gb", MAX_GPU_MEM_GB, "more than any GPU has; it is in GB")
+
+    def cpus_per_gpu(self, data: Mapping[str, Any]) -> int | None:
+        return self.optional_count(data, "cpus_per_gpu", MAX_CPUS_PER_NODE, "more than a node has")
+
+    def cpus_per_task(self, data: Mapping[str, Any]) -> int | None:
+        return self.optional_count(data, "cpus_per_task", MAX_CPUS_PER_NODE, "more than a node has")
+
+    def job_name(self, data: Mapping[str, Any]) -> str | None:
+        raw = self.string(data, "name")
+        return None if raw is None else self.name("name", raw)
+
+    def gpu_types(self, data: Mapping[str, Any]) -> tuple[str, ...]:
+        value = data.get("gpu")
+        if value is None:
+            return ()
+        example = 'gpu = "a100", or gpu = ["a100", "h100"] for any of them; leave gpu out for any type'
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise self.fail("gpu", f"must be a GPU type or a list of them, got {_type_name(value)} {value!r}",
+                            hint=example)
+        if len(items) > MAX_GPU_TYPES:
+            raise self.fail("gpu", f"lists {len(items)} types, more than {MAX_GPU_TYPES}", hint=example)
+        out: list[str] = []
+        for i, item in enumerate(items):
+            fld = "gpu" if isinstance(value, str) else f"gpu[{i}]"
+            if not isinstance(item, str):
+                raise self.fail(fld, f"must be a GPU type name, got {_type_name(item)} {item!r}", hint=example)
+            if not GPU_TYPE_RE.fullmatch(item) or item[0] in "-." or item.isdigit():
+                if not item:
+                    why = "empty"
+                elif len(item) > 64:
+                    why = "longer than 64 characters"
+                elif item.isdigit():
+                    why = "only digits (gpu:2 means two GPUs)"
+                elif item[0] in "-.":
+                    why = f"starts with {item[0]!r}"
+                else:
+                    why = "contains " + ", ".join(repr(c) for c in sorted({c for c in item
+                                                                           if not GPU_TYPE_RE.fullmatch(c)}))
+                raise self.fail(fld, f"{item!r} is not a GPU type name ({why})",
+                                hint="a Slurm gres type: letters, digits, '_', '.' and '-', e.g. a100 or h100")
+            if any(t.lower() == item.lower() for t in out):
+                raise self.fail("gpu", f"lists {item!r} twice", hint="name each type once")
+            out.append(item)
+        return tuple(out)
+
+    def size_mb(self, data: Mapping[str, Any], fld: str) -> int | None:
+        """A memory size in MB, as sbatch reads it: a bare number is MB; K, M, G, T suffixes."""
+        value = data.get(fld)
+        if value is None:
+            return None
+        example = f'e.g. {fld} = "32G" or "512M" (a bare number is MB, as in sbatch)'
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise self.fail(fld, f"must be a size, got {_type_name(value)} {value!r}", hint=example)
+        if isinstance(value, int):
+            mb = value
+        else:
+            m = SIZE_RE.fullmatch(value.strip())
+            if m is None:
+                hint = ("sizes are whole numbers; write 1.5G as 1536M" if re.fullmatch(r"\s*\d*\.\d+\s*\w*\s*", value)
+                        else example)
+                raise self.fail(fld, f"{value!r} is not a size", hint=hint)
+            number, unit = int(m.group(1)), (m.group(2) or "M").upper()
+            mb = -(-number // 1024) if unit == "K" else number * SIZE_UNIT_MB[unit]
+        if mb <= 0:
+            raise self.fail(fld, f"must be more than zero, got {value!r}",
+                            hint=f"{example}; sbatch reads 0 as all of a node's memory, so gbroker needs a size")
+        if mb > MAX_MEM_PER_NODE_MB:
+            raise self.fail(fld, f"{value!r} is more than 16 TiB", hint=example)
+        return mb
 
     def group(self, data: Mapping[str, Any]) -> str:
         raw = self.string(data, "group")
@@ -697,14 +934,6 @@ class _Parser:
         if not text.startswith("#!"):
             raise self.fail("script", "does not start with '#!' (sbatch needs an interpreter line)",
                             hint="make the first line e.g. #!/bin/bash")
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if line.lstrip().startswith("#SBATCH"):
-                opt = forbidden_sbatch_option(line)
-                if opt is not None:
-                    raise self.fail(
-                        "script", f"line {lineno}: '#SBATCH {opt}' is not allowed: gbroker sets the partition, "
-                        "account (group), qos, reservation, user and comment itself",
-                        hint="remove the line; use group = / partition = in the job spec instead")
 
     def env(self, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         value = data.get("env")
@@ -744,6 +973,19 @@ def check_env_name(key: str) -> None:
                         "so a job may not set it through gbroker",
                         hint=f"set it inside your job script (export {key}=...), or call programs by "
                         "their full path (e.g. a virtualenv's bin/python)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two checked values of one field mean the same (GPU types: the same set)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return set(a) == set(b)
+    return bool(a == b)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return " or ".join(str(v) for v in value)
+    return str(value)
 
 
 def account_name(name: str) -> str:

@@ -43,6 +43,9 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             section = dict(data.get("checkpoint") or {})
             section["dir" if key == "checkpoint_dir" else "style"] = value
             data["checkpoint"] = section
+        elif key == "gpu":
+            if value:  # --gpu a100,h100 and/or --gpu a100 --gpu h100
+                data["gpu"] = [name.strip() for item in value for name in item.split(",")]
         elif key == "script_path":
             data["script"] = os.path.abspath(value)
         elif key == "env":
@@ -78,6 +81,14 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 @click.option("--kind", type=click.Choice(KINDS), help="What the job is [default: other].")
 @click.option("--gpus", "gpus_per_node", type=int, help="GPUs per node [default: 1].")
 @click.option("--nodes", type=int, help="Nodes, run as one gang [default: 1].")
+@click.option("--gpu", multiple=True, metavar="TYPE[,TYPE...]",
+              help="GPU type, or several (any of them), e.g. a100 or a100,h100; repeatable [default: any type].")
+@click.option("--gpu-mem-gb", type=int, metavar="GB", help="At least this much memory per GPU, in GB.")
+@click.option("--cpus-per-gpu", type=int, metavar="N", help="CPUs per GPU (not with --cpus-per-task).")
+@click.option("--cpus-per-task", type=int, metavar="N", help="CPUs per task (not with --cpus-per-gpu).")
+@click.option("--mem-per-gpu", metavar="SIZE",
+              help="Memory per GPU: 32G, 512M (a bare number is MB, as in sbatch; not with --mem).")
+@click.option("--mem", metavar="SIZE", help="Memory per node: 64G, 4000M (a bare number is MB; not with --mem-per-gpu).")
 @click.option("--time", "time_limit", metavar="DURATION", help="Time limit: 90m, 2h, 1h30m, 1-02:00:00.")
 @click.option("--deadline", metavar="WHEN", help="Finish by: ISO time with zone, or +36h from now.")
 @click.option(
@@ -112,6 +123,13 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
       gbroker submit --kind render --no-interruptible --group climate --script render.sh
 
     Put the command after `--`. Flags override the job file.
+
+    \b
+    #SBATCH lines at the top of a --script are read too: --gres=gpu[:TYPE]:N,
+    --gpus-per-node, --nodes/-N, --ntasks-per-node, --cpus-per-task/-c,
+    --cpus-per-gpu, --mem, --mem-per-gpu, --time/-t, --job-name/-J. A line
+    that disagrees with a flag or the job file, and any other #SBATCH
+    option, is refused with what to write instead.
     """
     job_file = None
     command = args

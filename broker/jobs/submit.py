@@ -285,8 +285,18 @@ def request_for(
     capacity: Capacity,
     owner_name: str,
     log_path: str | None,
+    gres_type: str | None = None,
 ) -> SubmitRequest:
+    """The sbatch request for one attempt of ``spec``: its script, size, resources and options.
+
+    ``gres_type`` is the GPU type to ask Slurm for (``--gres=gpu:TYPE:N``), the
+    one of the pool the job is placed on; without it, a job that names exactly
+    one type asks for that type, and any other job for untyped GPUs. The
+    job's CPUs and memory (per GPU, per task or per node) go along as asked.
+    """
     workdir = default_workdir(spec, owner_name)
+    if gres_type is None and len(spec.gpu_types) == 1:
+        gres_type = spec.gpu_types[0]
     lead = warning_lead_s(spec)
     checkpoint_dir = checkpoint_dir_for(spec, job_id, owner_name)
     program: dict[str, object] = (
@@ -320,6 +330,11 @@ def request_for(
         requeue=True,
         ntasks_per_node=spec.tasks,
         signal=None if lead is None else f"B:{spec.warning_signal}@{lead}",
+        gres_type=gres_type,
+        cpus_per_gpu=spec.cpus_per_gpu,
+        cpus_per_task=spec.cpus_per_task,
+        mem_mb=spec.mem_mb,
+        mem_per_gpu_mb=spec.mem_per_gpu_mb,
     )
 
 

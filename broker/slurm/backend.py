@@ -68,6 +68,13 @@ class SubmitRequest:
     """Slurm tasks per node (SLURM_NTASKS and friends follow, which frameworks read)."""
     constraint: str | None = None
     signal: str | None = None
+    gres_type: str | None = None
+    """The GPU type (``--gres=gpu:TYPE:N``); None: any type (``--gres=gpu:N``)."""
+    cpus_per_gpu: int | None = None
+    cpus_per_task: int | None = None
+    mem_mb: int | None = None
+    """Memory per node, MB (``--mem``); at most one of ``mem_mb`` and ``mem_per_gpu_mb``."""
+    mem_per_gpu_mb: int | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
@@ -23,7 +24,8 @@ from broker.slurm.runner import RunFn, Runner, clean_env
 
 log = logging.getLogger(__name__)
 
-
+_GRES_TYPE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""A GPU type as it may appear in ``--gres=gpu:TYPE:N`` (the spec checks users' names the same way)."""
 
 # Errors that only say "that job is already gone": cancelling it again is a no-op.
 _ALREADY_DONE = (
@@ -137,8 +139,25 @@ class CliBackend(Backend):
         ]
         if req.account:
             argv.append(f"--account={req.account}")
+        if req.gres_type is not None:
+            if not _GRES_TYPE.fullmatch(req.gres_type) or req.gres_type.isdigit():
+                raise SpecError(f"GPU type {req.gres_type!r} is not a Slurm gres type name")
+            if req.gpus_per_node < 1:
+                raise SpecError(f"a GPU type ({req.gres_type}) needs at least one GPU per node")
         if req.gpus_per_node > 0:
-            argv.append(f"--gres=gpu:{req.gpus_per_node}")
+            typed = f"{req.gres_type}:" if req.gres_type else ""
+            argv.append(f"--gres=gpu:{typed}{req.gpus_per_node}")
+        for option, amount in (("cpus-per-gpu", req.cpus_per_gpu), ("cpus-per-task", req.cpus_per_task),
+                              ("mem", req.mem_mb), ("mem-per-gpu", req.mem_per_gpu_mb)):
+            if amount is None:
+                continue
+            if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+                raise SpecError(f"--{option} must be a whole number of at least 1, got {amount!r}")
+            argv.append(f"--{option}={amount}M" if option.startswith("mem") else f"--{option}={amount}")
+        if req.mem_mb is not None and req.mem_per_gpu_mb is not None:
+            raise SpecError("give memory per node or per GPU, not both")
+        if req.cpus_per_gpu is not None and req.cpus_per_task is not None:
+            raise SpecError("give CPUs per GPU or per task, not both")
         if req.output:
             argv.append(f"--output={req.output}")
         if req.hold:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker import sbatch_lines
 from broker.errors import SpecError
 from broker.spec import (
     CHECKPOINT_STYLES,
@@ -21,7 +22,6 @@ from broker.spec import (
     TOP_LEVEL_KEYS,
     JobSpec,
     SpecProblems,
-    forbidden_sbatch_option,
     load_job_file,
     parse_duration,
     parse_spec,
@@ -31,7 +31,8 @@ from broker.spec import (
 
 NOW = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
 PARTITIONS = {"gpu-spot", "gpu-ondemand"}
-SCRIPT_OK = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:2\nsrun python train.py\n"
+SCRIPT_OK = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:4\nsrun python train.py\n"
+"""Its #SBATCH lines agree with base() (2 nodes of 4 GPUs)."""
 
 
 def base() -> dict[str, Any]:
@@ -278,22 +279,27 @@ def test_script_file_too_large(tmp_path: Path) -> None:
         parse(script(str(path))())
 
 
-def test_inline_script_with_harmless_sbatch_lines() -> None:
-    text = "#!/bin/bash\n#SBATCH --gres=gpu:4\n#SBATCH --acctg-freq=30 --gpus=4\n#SBATCH -J x\necho done\n"
+def test_inline_script_with_sbatch_lines_that_agree_with_the_job() -> None:
+    text = "#!/bin/bash\n#SBATCH --gres=gpu:4\n#SBATCH -N 2 --time=2h\n#SBATCH -J train-llm\necho done\n"
     spec = parse(script(text)())
     assert spec.script == text and spec.script_path is None
-    assert parse(script(text)() | {"name": None}).name == "finetune"  # inline: named after the kind
+    assert spec == parse(script(text)() | {"name": None, "time_limit": None, "nodes": None})  # the lines say it
+    plain = "#!/bin/bash\n#SBATCH --gres=gpu:4\necho done\n"
+    assert parse(script(plain)() | {"name": None}).name == "finetune"  # inline, unnamed: named after the kind
 
 
 @pytest.mark.parametrize(
     "line,expected",
-    [("#SBATCH -p gpu", "-p"), ("#SBATCH --partition=gpu", "--partition"), ("#SBATCH --acc=x", "--account"),
-     ("#SBATCH -N 2 --qos high", "--qos"), ("#SBATCH -vA x", "-A"), ("#SBATCH -N2", None),
-     ("#SBATCH --gres=gpu:2", None), ("#SBATCH --job-name=-p", None), ("#SBATCH --mail-user=a@b", None),
-     ("#SBATCH -J x  # -p in a comment", None), ("#SBATCH --gpus-per-node=4", None)],
+    [("#SBATCH -p gpu", ["-p"]), ("#SBATCH --partition=gpu", ["--partition"]), ("#SBATCH --acc=x", ["--account"]),
+     ("#SBATCH -N 2 --qos high", ["--qos"]), ("#SBATCH -vA x", ["-v", "-A"]), ("#SBATCH -N2", []),
+     ("#SBATCH --gres=gpu:2", []), ("#SBATCH --job-name=-p", []), ("#SBATCH --mail-user=a@b", ["--mail-user"]),
+     ("#SBATCH -J x  # -p in a comment", []), ("#SBATCH --gpus-per-node=4", [])],
 )
-def test_forbidden_sbatch_option(line: str, expected: str | None) -> None:
-    assert forbidden_sbatch_option(line) == expected
+def test_sbatch_lines_refused_by_name(line: str, expected: list[str]) -> None:
+    _, refused = sbatch_lines.read(f"#!/bin/bash\n{line}\necho\n")
+    assert len(refused) == len(expected)
+    for error, option in zip(refused, expected, strict=True):
+        assert option in error.message and "line 2" in error.message
 
 
 def test_round_trip_through_json() -> None:
