@@ -42,10 +42,7 @@ def capacity_of_partition(settings: Settings, partition: str) -> str:
 
 def gpu_request(spec: JobSpec) -> GpuRequest:
     """What the job asks of the capacity it runs on."""
-    make = getattr(spec, "gpu_request", None)  # TEMP until the spec's GPU fields land
-    if make is not None:
-        return make()  # type: ignore[no-any-return]
-    return GpuRequest(spec.gpus_per_node, spec.nodes, interruptible=spec.interruptible)
+    return spec.gpu_request()
 
 
 def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
@@ -73,7 +70,7 @@ def gres_type_for(spec: JobSpec, pool: Pool | None) -> str | None:
     A job that asked for neither gets untyped GPUs, so Slurm may requeue it
     into another pool's partition without changing its request.
     """
-    if pool is None or not (getattr(spec, 'gpu_types', ()) or getattr(spec, 'gpu_mem_gb', None)):
+    if pool is None or not (spec.gpu_types or spec.gpu_mem_gb):
         return None
     return pool.gpu_type
 

@@ -794,7 +794,7 @@ def _next_attempt(
 def _typed_elsewhere(svc: Services, job: Job, partition: str) -> bool:
     """True when the job asked for GPUs by type or memory and ``partition``'s pool has another type."""
     spec = stored_spec(job)
-    if not (getattr(spec, 'gpu_types', ()) or getattr(spec, 'gpu_mem_gb', None)):
+    if not (spec.gpu_types or spec.gpu_mem_gb):
         return False
     here, there = svc.settings.pool_of(job.partition or ""), svc.settings.pool_of(partition)
     return here is None or there is None or here.gpu_type != there.gpu_type

@@ -24,7 +24,7 @@ from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailab
 from broker.money.admission import admit
 from broker.state import Services, must_get
 from broker.jobs import lifecycle
-from broker.jobs.placement import fitting_pools, job_view, place_in_pools
+from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
 from broker.jobs.views import job_summary
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.script import render_batch_script
@@ -81,7 +81,7 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
 
     # The whole sbatch request, validated now: nothing about it can fail after the intent.
     request_for(spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
-                owner_name=caller.name, log_path="/dev/null")
+                owner_name=caller.name, log_path="/dev/null", gres_type=gres_type_for(spec, pool))
     preflight(svc, caller, spec, partition, Capacity(capacity))
     log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
     try:
@@ -245,15 +245,17 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
 
 
 def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
+    partition = attempt.partition or svc.settings.partition_for(attempt.capacity.value)
     return request_for(
         spec,
         job_id=job.id,
         key=job.key,
         attempt_number=attempt.number,
-        partition=attempt.partition or svc.settings.partition_for(attempt.capacity.value),
+        partition=partition,
         capacity=Capacity(attempt.capacity),
         owner_name=job.owner_name,
         log_path=job.log_path,
+        gres_type=gres_type_for(spec, svc.settings.pool_of(partition)),
     )
 
 
@@ -346,6 +348,7 @@ REFUSALS = (
     "access denied",
     "violates accounting/qos policy",
     "user not found",
+    "requested node configuration is not available",
 )
 """Pre-flight answers that a real submission would get too (as opposed to "no nodes free right now")."""
 
@@ -361,13 +364,15 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
     stored and submitted later, as for any submission).
     """
     now = svc.clock.now()
-    cache_key = (caller.name, spec.group, partition, spec.nodes, spec.gpus_per_node)
+    gres_type = gres_type_for(spec, svc.settings.pool_of(partition))
+    cache_key = (caller.name, spec.group, partition, spec.nodes, spec.gpus_per_node, gres_type,
+                 spec.cpus_per_gpu, spec.cpus_per_task, spec.mem_mb, spec.mem_per_gpu_mb)
     cache = svc.preflight_passed
     if cache.get(cache_key, now) > now:
         return
     req = request_for(
         spec, job_id=0, key="gb-preflight", attempt_number=1, partition=partition, capacity=capacity,
-        owner_name=caller.name, log_path="/dev/null",
+        owner_name=caller.name, log_path="/dev/null", gres_type=gres_type,
     )
     try:
         svc.backend.check(req)

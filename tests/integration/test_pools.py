@@ -158,11 +158,12 @@ def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_b
     result = json.loads(out.read_text())
     assert result["step"] == 20 and result["attempts"][1]["from_step"] > 0, result  # resumed, not restarted
     # The ledger charges each run to its own pool.
-    def by_pool() -> dict[str, Any]:
+    def both_pools() -> dict[str, Any] | None:
         rep = ok(d.cli("report", "--semester", SEMESTER, "--by", "pool", "--json", user="root")).json()
-        return {r["key"]: r for r in rep["rows"]}
-    rows = slurm_cluster.wait_for(lambda: (r := by_pool()) if {"spot-a", "spot-b"} <= set(r) else None, 60,
-                                  what="charges in both spot pools")
+        rows = {r["key"]: r for r in rep["rows"]}
+        return rows if {"spot-a", "spot-b"} <= set(rows) else None
+
+    rows = slurm_cluster.wait_for(both_pools, 60, what="charges in both spot pools")
     assert rows["spot-a"]["gpu_seconds"] > 0 and rows["spot-b"]["gpu_seconds"] > 0, rows
     for b in blockers:
         ok(d.cli("cancel", str(b["id"])))
