@@ -54,7 +54,7 @@ from broker.market import ReclaimHistory, build_market
 from broker.money import pricebook
 from broker.money.pricebook import market_prices
 from broker.pools import PREPAID as PREPAID_CLASSES
-from policies import PREPAID, Action, Capacity, Placement
+from policies import PREPAID, Action, Capacity, Decision, Placement
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +325,8 @@ def _follow(
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
         if not held and job.deadline is not None and att.capacity in (Capacity.SPOT, *PREPAID):
             _deadline_fallback(s, svc, job, att, sj, now, plan)
+        if not held and att.capacity == Capacity.SPOT and svc.settings.pools:
+            _spot_pool_gone(s, svc, job, att, sj, now, plan)
         elif att.partition and sj.partition != att.partition and att.partition in svc.settings.partitions:
             plan.move.append((sj.job_id, att.partition))  # a move whose partition update did not go through yet
         if sj.reason == "BeginTime":
@@ -398,6 +400,41 @@ def _deadline_fallback(
         s, "fallback", f"still waiting for {waiting}; moved to {partition} to meet the deadline ({reason})",
         now=now, job_id=job.id,
     )
+
+
+def _spot_pool_gone(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
+) -> None:
+    """A job waiting for spot in a pool with too few usable nodes for its gang (a zone gone,
+    its nodes down or drained): move it to the pool the policy picks, when that one has room.
+
+    A pool that is merely busy is waited for (Slurm starts the job there). A forced partition,
+    or GPUs asked by a type the other pool does not have, stay.
+    """
+    spec = stored_spec(job)
+    pool = svc.settings.pool_of(att.partition or "")
+    census = svc.market.censuses.get(pool.name) if pool is not None else None
+    if spec.partition or pool is None or census is None or len(census.free_gpus) >= spec.nodes:
+        return
+    try:
+        pools = fitting_pools(svc, spec)
+    except SpecError:
+        return
+    view = replace(job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
+                            reclaims=job.reclaims or 0), pool=pool_index(pools, att.partition))
+    views = pool_views(svc, spec, pools)
+    choice = svc.policy.pool_after_preempt(view, Decision(Action.RESUME_SPOT, "its pool has no usable node"), views)
+    if choice.pool is None or not views[choice.pool].room:
+        return
+    target = pools[choice.pool]
+    if target.partition == att.partition or _typed_elsewhere(svc, job, target.partition):
+        return
+    plan.move.append((sj.job_id, target.partition))
+    att.partition, att.capacity = target.partition, Capacity(target.capacity)
+    job.partition, job.capacity = target.partition, Capacity(target.capacity)
+    store.add_event(s, "moved", f"waiting for spot in {pool.name}, which has {len(census.free_gpus)} usable "
+                    f"node(s) for a gang of {spec.nodes}; moved to {target.name} ({choice.reason})",
+                    now=now, job_id=job.id)
 
 
 def _place_now(
