@@ -8,13 +8,16 @@ proofs ambiguous.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,14 +31,25 @@ pytestmark = pytest.mark.slurm
 WAKE_TIMEOUT = 120  # boot + up to one 30 s controller cycle, with slack for a busy machine
 
 
-def pick_node(cluster: SlurmCluster, prefer_awake: bool = False) -> str:
-    """A spot node nobody is using: awake-and-idle if asked and available, else powered down."""
-    states = {n: cluster.node_state(n) for n in cluster.spot_nodes}
+OWNED_NODES = ("own1", "own2")
+SPOTB_NODES = ("spotb1", "spotb2")
+PARTITION_NODES = {"owned": OWNED_NODES, "spot": ("spot1", "spot2", "spot3", "spot4"),
+                   "spotb": SPOTB_NODES, "ondemand": ("od1", "od2")}
+GPU_TYPE = {"owned": "l4", "spot": "l4", "spotb": "a100", "ondemand": "a100"}
+"""The lab's pools as contrib/slurm/devcluster builds them (contrib/slurm/lab.toml)."""
+OUT_OF_SERVICE = {"CLOUD", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN",
+                  "NOT_RESPONDING", "DOWN", "DRAIN"}
+
+
+def pick_node(cluster: SlurmCluster, prefer_awake: bool = False,
+              nodes: tuple[str, ...] | None = None) -> str:
+    """A node nobody is using (spot by default): awake-and-idle if asked and available, else powered down."""
+    states = {n: cluster.node_state(n) for n in (nodes or cluster.spot_nodes)}
     awake = [n for n, s in states.items() if s.split("+")[0] == "IDLE"
              and not {"POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "DRAIN"} & set(s.split("+"))]
     asleep = [n for n, s in states.items() if s.split("+")[0] == "IDLE" and "POWERED_DOWN" in s]
     choice = (awake or asleep) if prefer_awake else (asleep or awake)
-    assert choice, f"no free spot node: {states}"
+    assert choice, f"no free node: {states}"
     return choice[0]
 
 
@@ -199,6 +213,175 @@ def test_missing_partition_is_refused(slurm_cluster: SlurmCluster) -> None:
     assert "invalid partition" in proc.stderr.lower(), proc.stderr
 
 
+# -- the lab: owned nodes, two spot zones, typed GPUs ---------------------------------
+
+def owned_record(cluster: SlurmCluster, node: str) -> dict[str, Any]:
+    """What `up` recorded of an owned node's slurmd (outside the cloud's records)."""
+    return json.loads((cluster.state_dir / "owned" / f"{node}.json").read_text())
+
+
+def slurm_config(cluster: SlurmCluster, key: str) -> str:
+    out = cluster.run(["scontrol", "show", "config"]).stdout
+    m = re.search(rf"^{key}\s*=\s*(.*)$", out, re.MULTILINE)
+    return m.group(1).strip() if m else ""
+
+
+def node_field(cluster: SlurmCluster, node: str, name: str) -> str:
+    out = cluster.run(["scontrol", "-o", "show", "node", node]).stdout
+    m = re.search(rf"\b{name}=(\S*)", out)
+    return m.group(1) if m else ""
+
+
+def test_owned_nodes_are_up_and_idle_without_a_job(slurm_cluster: SlurmCluster) -> None:
+    """Owned nodes serve at once after `up` and Slurm's power saving never touches them."""
+    pids = {}
+    for node in OWNED_NODES:
+        state = slurm_cluster.node_state(node)
+        assert state == "IDLE", f"{node}: {state}"
+        rec = owned_record(slurm_cluster, node)
+        pids[node] = rec["pid"]
+        assert Path(f"/proc/{rec['pid']}/cmdline").read_bytes().split(b"\0")[:4] == [
+            b"/usr/sbin/slurmd", b"-D", b"-N", node.encode()]
+        # Not a cloud instance: no provider reading the cloud's records sees it.
+        assert not (slurm_cluster.state_dir / "cloud" / "nodes" / f"{node}.json").exists()
+    assert slurm_config(slurm_cluster, "SuspendExcNodes") == "own[1-2]"
+    # Idle past SuspendTime + SuspendTimeout (at once on a cluster that has been up a
+    # while; up to ~35 s right after `up`): still up, the same slurmd, no hook called.
+    suspend = int(slurm_config(slurm_cluster, "SuspendTime").split()[0])
+    timeout = int(slurm_config(slurm_cluster, "SuspendTimeout").split()[0])
+
+    def idle_long_enough() -> bool:
+        busy = max(time.mktime(time.strptime(node_field(slurm_cluster, n, "LastBusyTime"),
+                                             "%Y-%m-%dT%H:%M:%S")) for n in OWNED_NODES)
+        return time.time() - busy > suspend + timeout + 2
+
+    slurm_cluster.wait_for(idle_long_enough, suspend + timeout + 30, what="the owned nodes to idle")
+    for node in OWNED_NODES:
+        assert slurm_cluster.node_state(node) == "IDLE"
+        assert owned_record(slurm_cluster, node)["pid"] == pids[node]
+    agent_log = (slurm_cluster.state_dir / "log" / "agent.out").read_text()
+    assert not re.search(r"\b(suspend|resume|booted) own\d", agent_log), agent_log[-2000:]
+
+
+def test_owned_node_refuses_reclaim_and_cloud_requests(slurm_cluster: SlurmCluster) -> None:
+    pid = owned_record(slurm_cluster, "own1")["pid"]
+    for args in (["reclaim", "own1"], ["cloud", "suspend", "own1"]):
+        proc = subprocess.run([str(slurm_cluster.devcluster), *args], check=False, capture_output=True,
+                              text=True, env=slurm_cluster.env, timeout=60)
+        assert proc.returncode != 0, proc.stdout
+        assert "own1 is an owned node" in proc.stderr, proc.stderr
+    assert not list((slurm_cluster.state_dir / "cloud" / "requests").glob("*own1*"))
+    assert slurm_cluster.node_state("own1") == "IDLE"
+    assert owned_record(slurm_cluster, "own1")["pid"] == pid
+
+
+def test_typed_gpus_are_visible(slurm_cluster: SlurmCluster) -> None:
+    out = slurm_cluster.run(["sinfo", "-h", "-o", "%R %G"]).stdout
+    gres = {}
+    for line in out.splitlines():
+        part, g = line.split()
+        gres.setdefault(part, set()).add(g)
+    for part, gpu in GPU_TYPE.items():
+        assert gres[part] == {f"gpu:{gpu}:4"}, out
+    assert gres["urgent"] == {"gpu:l4:4", "gpu:a100:4"}  # over both spot zones
+    for part, nodes in PARTITION_NODES.items():
+        for node in nodes:
+            assert node_field(slurm_cluster, node, "Gres") == f"gpu:{GPU_TYPE[part]}:4"
+            assert f"gres/gpu:{GPU_TYPE[part]}=4" in node_field(slurm_cluster, node, "CfgTRES")
+    tres = slurm_config(slurm_cluster, "AccountingStorageTRES").split(",")
+    assert {"gres/gpu", "gres/gpu:a100", "gres/gpu:l4"} <= set(tres)
+
+
+def test_status_shows_the_pools(slurm_cluster: SlurmCluster) -> None:
+    proc = subprocess.run([str(slurm_cluster.devcluster), "status"], check=False, capture_output=True,
+                          text=True, env=slurm_cluster.env, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for part, nodes in PARTITION_NODES.items():
+        head = next(i for i, line in enumerate(lines) if line.startswith(f"  {part} "))
+        assert f"gpu:{GPU_TYPE[part]}:4" in lines[head], lines[head]
+        for i, node in enumerate(nodes, start=head + 1):
+            # Slurm's state word (cloud nodes may change it meanwhile: checked for form only).
+            name, state = lines[i].split()[:2]
+            assert name == node and re.fullmatch(r"[A-Z_]+(\+[A-Z_]+)*", state), lines[i]
+            if part == "owned":
+                assert state == "IDLE" and "slurmd pid" in lines[i], lines[i]
+    assert re.search(r"^  owned\s+owned, always on", proc.stdout, re.MULTILINE)
+    assert re.search(r"^  spotb\s+spot, zone b", proc.stdout, re.MULTILINE)
+
+
+def test_untyped_gpus_run_everywhere_and_a100_only_where_it_is(slurm_cluster: SlurmCluster,
+                                                              tmp_path: Path) -> None:
+    refused = slurm_cluster.run(["sbatch", "-p", "spot", "--gres=gpu:a100:1", "--wrap", "true"],
+                                check=False)
+    assert refused.returncode != 0
+    assert "requested node configuration is not available" in refused.stderr.lower(), refused.stderr
+    jobs = {}
+    for part, nodes in PARTITION_NODES.items():
+        node = pick_node(slurm_cluster, prefer_awake=True, nodes=nodes)
+        jobs[part] = sbatch(slurm_cluster, "-p", part, "-w", node, "--gres=gpu:2", "-J", f"dc-{part}",
+                            "-o", str(tmp_path / f"{part}.out"), "--wrap", "echo CVD=$CUDA_VISIBLE_DEVICES")
+    # Not pinned: Slurm picks a node with a100s among both partitions.
+    a100 = sbatch(slurm_cluster, "-p", "spotb,ondemand", "--gres=gpu:a100:1", "-J", "dc-a100",
+                  "-o", str(tmp_path / "a100.out"), "--wrap", "echo CVD=$CUDA_VISIBLE_DEVICES")
+    def ended(job: str) -> list[dict[str, str]]:
+        job_state(slurm_cluster, job)  # releases a requeued attempt's BeginTime wait
+        return [r for r in slurm_cluster.sacct_attempts(job, "JobID,State,NodeList,AllocTRES,Partition")
+                if r["State"] in ("COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY")]
+
+    try:
+        for part, job in [*jobs.items(), ("a100", a100)]:
+            rows = slurm_cluster.wait_for(lambda job=job: ended(job), WAKE_TIMEOUT,
+                                          what=f"the {part} job {job} to end")
+            assert rows[0]["State"] == "COMPLETED", rows
+            if part == "a100":
+                assert rows[0]["Partition"] in ("spotb", "ondemand"), rows
+                assert re.fullmatch(r"spotb\d|od\d", rows[0]["NodeList"]), rows
+                assert "gres/gpu:a100=1" in rows[0]["AllocTRES"].split(","), rows
+                assert "gres/gpu:l4" not in rows[0]["AllocTRES"], rows
+            else:
+                assert rows[0]["NodeList"] in PARTITION_NODES[part], rows
+                assert {"gres/gpu=2", f"gres/gpu:{GPU_TYPE[part]}=2"} <= set(rows[0]["AllocTRES"].split(",")), rows
+            text = (tmp_path / f"{part}.out").read_text()
+            assert re.search(r"^CVD=\d(,\d)?$", text, re.MULTILINE), text
+    finally:
+        cancel(slurm_cluster, *jobs.values(), a100)
+
+
+def test_reclaim_in_zone_b_leaves_zone_a_alone(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    node_a = pick_node(slurm_cluster, prefer_awake=True)
+    node_b = pick_node(slurm_cluster, prefer_awake=True, nodes=SPOTB_NODES)
+    job_a = sbatch(slurm_cluster, "-p", "spot", "-w", node_a, "--gres=gpu:1", "-J", "dc-zone-a",
+                   "-o", "/dev/null", "--wrap", "sleep 600")
+    job_b = sbatch(slurm_cluster, "-p", "spotb", "-w", node_b, "--gres=gpu:1", "-J", "dc-zone-b",
+                   "-o", "/dev/null", "--wrap", "sleep 600")
+    try:
+        assert wait_running(slurm_cluster, job_a) == node_a
+        assert wait_running(slurm_cluster, job_b) == node_b
+        record_a = (slurm_cluster.state_dir / "cloud" / "nodes" / f"{node_a}.json").read_text()
+        state_a = slurm_cluster.node_state(node_a)
+        slurm_cluster.reclaim(node_b)
+        slurm_cluster.wait_for(lambda: slurm_cluster.job_field(job_b, "JobState") == "PENDING", 15,
+                               what="the zone b job's requeue")
+        assert slurm_cluster.job_field(job_b, "Restarts") == "1"
+        assert not node_processes(slurm_cluster, node_b)
+        # Zone a: its job runs on, never restarted; its node is the same slurmd, in the same state.
+        assert slurm_cluster.job_field(job_a, "JobState") == "RUNNING"
+        assert slurm_cluster.job_field(job_a, "Restarts") == "0"
+        assert (slurm_cluster.state_dir / "cloud" / "nodes" / f"{node_a}.json").read_text() == record_a
+        assert slurm_cluster.node_state(node_a) == state_a
+        for node in PARTITION_NODES["spot"]:
+            assert not {"DOWN", "DRAIN"} & set(slurm_cluster.node_state(node).split("+")), node
+            assert node_field(slurm_cluster, node, "Reason") != "reclaimed"
+        # One attempt in accounting, still running (sacct catches up with the start first).
+        rows = slurm_cluster.wait_for(lambda: (r := slurm_cluster.sacct_attempts(job_a))
+                                      and r[-1]["State"] != "PENDING" and r, 30,
+                                      what="sacct to record the zone a job's start")
+        assert [r["State"] for r in rows] == ["RUNNING"], rows
+    finally:
+        cancel(slurm_cluster, job_a, job_b)
+
+
 _HOSTNAMES = st.lists(
     st.builds(lambda prefix, number, pad: prefix + str(number).zfill(pad),
               st.sampled_from(["spot", "od", "gpu-a", "r1n", "r10n", "a", "a0", ""]),
@@ -332,3 +515,7 @@ def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path
     up = subprocess.run([str(slurm_cluster.devcluster), "up"], check=False,
                         capture_output=True, text=True, env=slurm_cluster.env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
+    # The owned nodes are back by themselves, serving before any job asks for them.
+    for node in OWNED_NODES:
+        assert slurm_cluster.node_state(node) == "IDLE", node
+        assert _proc_state(int(owned_record(slurm_cluster, node)["pid"])) not in ("Z", "gone")
