@@ -29,8 +29,15 @@ def lab_config() -> str:
 def lab(slurm_cluster: Any):
     with daemon_with_config(slurm_cluster, lab_config(), GBROKER_NODE_TICK_SECONDS="2") as d:
         yield d
-    # Leave the lab as found: zone a back in service, nothing of ours queued.
-    slurm_cluster.run(["scontrol", "update", "nodename=spot[1-4]", "state=resume"], check=False)
+    # Leave the lab as found: zone a back in service (a node kept down after its reclaim is
+    # handed back to the cloud pool), nothing of ours queued.
+    states = slurm_cluster.run(["sinfo", "-h", "-N", "-p", "spot", "-o", "%N %T"], check=False).stdout
+    for line in states.splitlines():
+        name, _, state = line.partition(" ")
+        if "down" in state.lower():
+            slurm_cluster.run(["scontrol", "update", f"nodename={name}", "state=power_down_force"], check=False)
+        elif "drain" in state.lower():
+            slurm_cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
     names = slurm_cluster.run(["squeue", "-h", "-o", "%i %j"], check=False).stdout.split("\n")
     ids = [n.split()[0] for n in names if n.strip() and n.split()[1].startswith("gb-")]
     if ids:
@@ -63,6 +70,17 @@ def in_queue(cluster: Any, slurm_id: int) -> tuple[str, str]:
     return (out[0], out[1]) if len(out) == 2 else ("", "")
 
 
+def pool_row(d: BrokerDaemon, name: str) -> dict[str, Any]:
+    return next(p for p in ok(d.cli("pools", "--json")).json()["pools"] if p["name"] == name)
+
+
+def wait_owned_full(d: BrokerDaemon, cluster: Any, jobs: list[dict[str, Any]]) -> None:
+    """The jobs run on owned nodes, and the node tick's census has seen it."""
+    for j in jobs:
+        d.wait_job(j["id"], lambda x: x["state"] == "running", timeout=60)
+    cluster.wait_for(lambda: pool_row(d, "owned")["free_gpus"] == 0, 30, what="the owned pool to show no free GPUs")
+
+
 def test_a_job_no_pool_can_hold_is_refused_with_each_pools_reason_and_nothing_is_stored(lab):
     r = lab.cli("submit", "--group", "vision", "--gpu-mem-gb", "100", "--time", "10m", "--", "true")
     assert r.code != 0
@@ -74,8 +92,8 @@ def test_a_job_no_pool_can_hold_is_refused_with_each_pools_reason_and_nothing_is
     assert r.code != 0 and "owned: has l4, the job asks for h100" in r.err and "spot-b: has a100" in r.err, r.err
     r = lab.cli("submit", "--group", "vision", "--gpus", "8", "--time", "10m", "--", "true")
     assert r.code != 0 and "4 GPUs per node, the job asks for 8" in r.err, r.err
-    listed = ok(lab.cli("list", "--json", "--all")).json()
-    assert listed == [] or listed.get("jobs", listed) == [], listed
+    for listing in ("status", "history"):
+        assert ok(lab.cli(listing, "--json")).json() == [], listing
 
 
 def test_owned_first_then_spot_memory_picks_the_type_and_strict_jobs_wait_or_go_ondemand(lab, slurm_cluster):
@@ -88,11 +106,7 @@ def test_owned_first_then_spot_memory_picks_the_type_and_strict_jobs_wait_or_go_
     b = submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600")
     assert (a["partition"], a["capacity"]) == ("owned", "owned"), a
     assert (b["partition"], b["capacity"]) == ("owned", "owned"), b
-    for j in (a, b):
-        d.wait_job(j["id"], lambda x: x["state"] == "running", timeout=60)
-    # The census sees owned full at the next node tick.
-    slurm_cluster.wait_for(lambda: ok(d.cli("pools", "--json")).json()["pools"][0]["free_gpus"] == 0, 30,
-                           what="the owned pool to show no free GPUs")
+    wait_owned_full(d, slurm_cluster, [a, b])
     # Owned full: an interruptible job takes spot (zone a, the cheapest per unit of work).
     c = submit(d, "--gpus", "1", "--time", "20m", "--", "sleep", "600")
     assert (c["partition"], c["capacity"]) == ("spot", "spot"), c
@@ -132,6 +146,7 @@ def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_b
     # Owned capacity busy, so the job goes to spot.
     blockers = [submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600") for _ in range(2)]
     assert all(b["partition"] == "owned" for b in blockers)
+    wait_owned_full(d, slurm_cluster, blockers)
     base = user_dir(public_dir("gbroker-zones-"), "alice")
     ck, out = base / "ck", base / "result.json"
     job = submit(d, "--kind", "finetune", "--gpus", "4", "--time", "30m", "--checkpoint-dir", str(ck),
@@ -145,11 +160,11 @@ def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_b
     # Zone a goes away: the other nodes are drained, then the job's node is reclaimed.
     others = [n for n in ("spot1", "spot2", "spot3", "spot4") if n != node]
     slurm_cluster.run(["scontrol", "update", f"nodename={','.join(others)}", "state=drain", "reason=zone-a-outage"])
-    slurm_cluster.wait_for(
-        lambda: next(p for p in ok(d.cli("pools", "--json")).json()["pools"] if p["name"] == "spot-a")["spot_available"]
-        == 1, 30, what="the census to see zone a drained")
+    slurm_cluster.wait_for(lambda: pool_row(d, "spot-a")["spot_available"] == 1, 30,
+                           what="the census to see zone a drained")
     time.sleep(3)  # some progress to keep
-    slurm_cluster.reclaim(node)
+    gone = slurm_cluster.run([str(slurm_cluster.devcluster), "reclaim", node, "--keep-down"], timeout=120)
+    assert gone.returncode == 0, gone.stderr
     moved = d.wait_job(job["id"], lambda j: len(j["attempts"]) == 2 and j["state"] == "running", timeout=180)
     assert moved["attempts"][0]["state"] == "reclaimed"
     assert moved["attempts"][1]["partition"] == "spotb" and moved["attempts"][1]["nodes"].startswith("spotb"), moved
