@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 ANY_PARTITION = "*"
-CAPACITIES = ("spot", "ondemand")
+CAPACITIES = ("owned", "reserved", "spot", "ondemand")
+"""The capacity classes a price row may name (``broker.pools.CLASSES``)."""
 
 
 @dataclass(frozen=True)
