@@ -43,6 +43,8 @@ PER_NODE_SECOND = {"spot": 1000, "ondemand": 2000}  # micro-units: 4 GPUs x $0.9
 SUSPEND_TIME_S = 3600
 """Slurm's own idle timer while the module runs: far beyond anything gbroker does here."""
 SEMESTER = "billing-term"
+SUBMITTED: list[int] = []
+"""gbroker jobs of this module: cancelled at its end, so none is left waiting on the cluster."""
 
 
 def _toml(work: Any, state_dir: Any) -> Any:
@@ -107,6 +109,8 @@ def billing_daemon(slurm_cluster: Any) -> Iterator[BrokerDaemon]:
     try:
         yield d
     finally:
+        for job_id in SUBMITTED:
+            d.cli("cancel", str(job_id), user="alice")
         back = subprocess.run([str(DEVCLUSTER), "hooks", "agent"], capture_output=True, text=True, timeout=30)
         d.stop()
         _devcluster_up(None)
@@ -121,7 +125,8 @@ def submit(d: BrokerDaemon, partition: str, seconds: int) -> int:
     """A gbroker job on ``partition`` using a whole node (4 GPUs), so its line is node time too."""
     r = ok(d.cli("submit", "--json", "--group", "vision", "--gpus", "4", "--time", "5m", "--partition", partition,
                  "--name", f"bill-{partition}", "--", "sleep", str(seconds), user="alice"))
-    return int(r.json()["id"])
+    SUBMITTED.append(int(r.json()["id"]))
+    return SUBMITTED[-1]
 
 
 def finished(d: BrokerDaemon, job_id: int, timeout: float = 180) -> dict[str, Any]:

@@ -234,3 +234,14 @@ def test_prices_can_be_set_for_owned_and_reserved_pools(db_url: str) -> None:
     with w.svc.sessions() as s:
         assert pricebook.load(s, w.svc.settings).price_at("owned", "owned", T) == 250_000
     assert parse_money("0.25") == 250_000
+
+
+def test_a_node_session_is_priced_from_the_pools_configured_price(db_url: str) -> None:
+    w = _lab(db_url)
+    with w.svc.tx() as s:
+        owned, _ = ns.open_session(s, w.svc.settings, node="own1", partition="owned", capacity="owned", gpus=8,
+                                   provider="", source="hook", key="open-own1", at=T)
+        reserved, _ = ns.open_session(s, w.svc.settings, node="res1", partition="reserved", capacity="reserved",
+                                      gpus=8, provider="", source="hook", key="open-res1", at=T)
+        assert (owned.price_known, owned.price_micros) == (1, 0)
+        assert (reserved.price_known, reserved.price_micros) == (1, 8 * 400_000)
