@@ -64,6 +64,21 @@ JOB_ON_NODE_STATES = frozenset(
 """squeue states of a job that occupies its nodes (finished jobs linger in squeue with a NodeList)."""
 
 
+def running_job(info: NodeInfo, jobs: list[SlurmJob]) -> bool:
+    """Whether a job's run time covers the node now: for billing, its time is then the job's.
+
+    A node booting for the job that waits on it (the job CONFIGURING, the node
+    powering up) is not: Slurm starts the job's run time (sacct's) once the
+    node is up, so that boot is node time no job line charges, and it is
+    billed as idle.
+    """
+    if power_of(info) is Power.BOOTING:
+        return False
+    if jobs:
+        return any(j.state_raw.upper().split()[0] != "CONFIGURING" for j in jobs)
+    return info.state is NodeState.ALLOCATED
+
+
 def ticks(nodes: NodeManager) -> list[tuple[str, Callable[[], object], float]]:
     """The node tick, every ``node_tick_seconds``."""
     interval = max(1.0, float(nodes.svc.settings.node_tick_seconds))
@@ -260,7 +275,7 @@ class NodeManager:
                     up_since[info.name] = sess.resumed_at
                 jobs = snap.on_node.get(info.name, [])
                 busy = info.state is NodeState.ALLOCATED or bool(jobs)
-                ns.set_usage(s, sess, USAGE_BUSY if busy else USAGE_IDLE, at)
+                ns.set_usage(s, sess, USAGE_BUSY if running_job(info, jobs) else USAGE_IDLE, at)
                 ns.add_users(sess, {j.user for j in jobs if j.user})
                 if not busy:
                     cur = ns.current_usage(s, sess)

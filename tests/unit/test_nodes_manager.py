@@ -632,3 +632,23 @@ def test_the_tick_keeps_an_idle_node_for_its_paid_hour_and_never_releases_owned_
     assert "power_down = false" in env.m.last.kept["od1"]
     (rel,) = events(env.svc, "node_release")
     assert "paid time ends in 30s" in rel["reason"]
+
+
+def test_a_node_booting_for_its_job_is_billed_idle_until_the_job_runs() -> None:
+    """sacct's run time starts once the node is up, so the boot is node time no job line charges."""
+    from broker.nodes.manager import running_job
+
+    def info(raw: str) -> NodeInfo:
+        p = parse_node_state(raw)
+        return NodeInfo("spot1", raw, p.state, ["spot"], ["spot"], 4, "", p.flags)
+
+    def job(state: str) -> SlurmJob:
+        return SlurmJob(7, "j", "bob", "vision", "spot", state, job_state(state), "", ["spot1"], 0, "", None, None,
+                        None)
+
+    assert not running_job(info("ALLOCATED+CLOUD+POWERING_UP"), [job("CONFIGURING")])
+    assert not running_job(info("ALLOCATED+CLOUD"), [job("CONFIGURING")])  # up, the job not started yet
+    assert running_job(info("ALLOCATED+CLOUD"), [job("RUNNING")])
+    assert running_job(info("MIXED+CLOUD"), [job("CONFIGURING"), job("RUNNING")])
+    assert running_job(info("ALLOCATED+CLOUD"), [])  # allocated by Slurm, squeue not caught up
+    assert not running_job(info("IDLE+CLOUD"), [])
