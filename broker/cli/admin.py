@@ -166,7 +166,7 @@ def price() -> None:
 
 @price.command("set")
 @click.argument("partition")
-@click.option("--capacity", type=click.Choice(["spot", "ondemand"]), required=True)
+@click.option("--capacity", type=click.Choice(["owned", "reserved", "spot", "ondemand"]), required=True)
 @click.option("--price", "amount", required=True, metavar="AMOUNT", help="Per GPU-hour, e.g. 0.918.")
 @click.option("--from", "effective", default="now", show_default=True, metavar="WHEN",
               help="When it takes effect: 2026-09-01, 2026-09-01T08:00:00Z, now, +10m.")

@@ -1,4 +1,4 @@
-"""`gbroker report`: spend per group, user, kind or partition, as a table, CSV or JSON; burn-down charts."""
+"""`gbroker report`: spend per group, user, kind, partition, pool or GPU type, as a table, CSV or JSON; burn-down charts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ pass_ctx = click.make_pass_decorator(Context)
 
 @click.command("report")
 @click.option("--semester", "semester_name", help="Semester [default: the one in force].")
-@click.option("--by", type=click.Choice(["group", "user", "kind", "partition"]), default="group", show_default=True)
+@click.option("--by", type=click.Choice(["group", "user", "kind", "partition", "pool", "gpu"]), default="group",
+              show_default=True, help="Rows per group, user, job kind, Slurm partition, pool, or GPU type.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), metavar="FILE.png",
@@ -25,6 +26,7 @@ def report(ctx: Context, semester_name: str | None, by: str, fmt: str, as_json: 
     Examples:
       gbroker report --semester 2026-fall --by group
       gbroker report --by user --format csv > spend.csv
+      gbroker report --by pool
       gbroker report --plot burn.png
 
     Users see their own groups; admins see all.

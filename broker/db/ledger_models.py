@@ -8,7 +8,13 @@ like ``events``):
 * ``charges``: the money lines of a run, one per price period (and per
   semester, and useful/lost part), keyed on (slurm job id, run index, period
   start) so a line can never land twice. Idle node time is a line of its own
-  (tag ``idle``, no Slurm job).
+  (tag ``idle``, no Slurm job), and so are the node time a pool's billing
+  rounds up to at the end of a power-up (tag ``rounding``) and what a stopped
+  node keeps billing (tag ``stopped``).
+
+Every line and run names its pool and GPU type (``pool``, ``gpu_type``; NULL
+in rows from before the pool catalog: reports read those by their partition)
+and its capacity class (``owned``, ``reserved``, ``spot``, ``ondemand``).
 
 Money is integer micro-units (``broker.amount``); prices are micro-units per
 GPU-hour. Times are UTC, whole seconds.
@@ -40,7 +46,13 @@ TAG_LOST = "lost"
 """Work thrown away by a reclaim or preemption (since the last checkpoint)."""
 TAG_IDLE = "idle"
 """A node that was up and paid for with no job on it."""
-TAGS = (TAG_USEFUL, TAG_LOST, TAG_IDLE)
+TAG_ROUNDING = "rounding"
+"""Node time billed beyond a power-up's real length: the pool bills whole increments (or a minimum)."""
+TAG_STOPPED = "stopped"
+"""A stopped (powered-down) node whose provider keeps billing for it (disks, addresses)."""
+TAGS = (TAG_USEFUL, TAG_LOST, TAG_IDLE, TAG_ROUNDING, TAG_STOPPED)
+NODE_TAGS = frozenset({TAG_IDLE, TAG_ROUNDING, TAG_STOPPED})
+"""Lines of node time no job used: the cluster's overhead, priced per node-hour."""
 
 
 class Semester(Base):
@@ -189,6 +201,11 @@ class LedgerRun(Base):
     user_name: Mapped[str] = mapped_column(String(NAME_LEN))
     partition: Mapped[str] = mapped_column(String(NAME_LEN))
     capacity: Mapped[str] = mapped_column(String(16))
+    """The pool's class: owned, reserved, spot or ondemand."""
+    pool: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    """The pool of ``partition`` when it was charged; NULL before the catalog, or a partition of no pool."""
+    gpu_type: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    """The pool's GPU type (Slurm's gres type); NULL when untyped or unknown."""
     state_raw: Mapped[str] = mapped_column(String(NAME_LEN))
     gpus: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime | None]
@@ -212,7 +229,8 @@ class Charge(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     line_key: Mapped[str] = mapped_column(String(128), unique=True)
-    """"run:<slurm id>:<run index>:<period start epoch>" or "idle:<node>:<start epoch>"."""
+    """"run:<slurm id>:<run index>:<period start epoch>", "idle:<node>:<start epoch>",
+    "rounding:<node>:<resume epoch>" or "stopped:<node>:<start epoch>"."""
     slurm_job_id: Mapped[int | None] = mapped_column(BigInteger)
     run_index: Mapped[int | None] = mapped_column(Integer)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
@@ -222,6 +240,11 @@ class Charge(Base):
     kind: Mapped[str] = mapped_column(String(16))
     partition: Mapped[str] = mapped_column(String(NAME_LEN))
     capacity: Mapped[str] = mapped_column(String(16))
+    """The pool's class: owned, reserved, spot or ondemand."""
+    pool: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    """The pool of ``partition`` when it was charged; NULL before the catalog, or a partition of no pool."""
+    gpu_type: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    """The pool's GPU type (Slurm's gres type); NULL when untyped or unknown."""
     node: Mapped[str] = mapped_column(String(NAME_LEN), default="")
     tag: Mapped[str] = mapped_column(String(16))
     period_start: Mapped[datetime]

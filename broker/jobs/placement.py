@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
-from broker.amount import parse_money
 from broker.config import Settings
 from broker.db.models import Attempt
 from broker.errors import SpecError
@@ -79,13 +78,10 @@ DEFAULT_PRICES = {"spot": MarketView.spot_price_micros, "ondemand": MarketView.o
 
 
 def pool_price(book: PriceBook, pool: Pool, now: datetime) -> int:
-    """Per GPU-hour: the price book's, else the pool's configured price, else the policies' default."""
+    """Per GPU-hour for the policy: the price book's (with the pools' configured prices,
+    ``pricebook.load``), else the policies' default for the class."""
     price = book.price_at(pool.partition, pool.capacity, now)
-    if price is None and pool.price_per_gpu_hour is not None:
-        price = parse_money(pool.price_per_gpu_hour)
-    if price is None:
-        price = DEFAULT_PRICES.get(pool.capacity, 0)
-    return price
+    return DEFAULT_PRICES.get(pool.capacity, 0) if price is None else price
 
 
 def pool_views(svc: Services, spec: JobSpec, pools: Sequence[Pool]) -> list[PoolView]:

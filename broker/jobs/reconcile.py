@@ -87,7 +87,7 @@ def _utc(dt: datetime | None) -> datetime | None:
 
 def _refresh_pools(s: Session, svc: Services, now: datetime) -> None:
     """Each pool's price in force and each spot pool's own reclaims, for the pools' market views."""
-    book = pricebook.load(s)
+    book = pricebook.load(s, svc.settings)
     by_partition = reclaim_history_by_partition(s, now)
     catalog = svc.settings.catalog()
     svc.market.refresh_pools(

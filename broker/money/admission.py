@@ -48,7 +48,7 @@ def admit(
 ) -> Admission:
     """Raise AdmissionRefused (with the numbers) or return what to reserve."""
     settings = svc.settings
-    book = pricebook.load(session)
+    book = pricebook.load(session, settings)
     size = B.JobSize(spec.gpus, spec.time_limit_s)
     estimates: dict[str, int | None] = {capacity: B.attempt_estimate(book, partition, capacity, size, now)}
     for other in ("spot", "ondemand"):

@@ -8,6 +8,12 @@ lost work began (a reclaimed run loses the work since its last checkpoint:
 the last ``lost_s`` seconds). Each piece is one line:
 
     amount = gpus x seconds x price in force / 3600   (rounded once, half-even, per line)
+
+Node time has its own rules, by the pool's billing (``broker.pools.Billing``):
+a power-up is billed in whole increments with a minimum, so a node up 61
+minutes on an hourly pool costs 7,200 s. ``rounding_s`` is the part billed
+beyond the real length (the ledger's ``rounding`` line); ``stopped_micros``
+prices the time a stopped node keeps billing (its ``stopped`` line).
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from datetime import datetime, timedelta
 
 from broker.db.ledger_models import TAG_LOST, TAG_USEFUL
 from broker.errors import BrokerError
-from broker.amount import cost_micros
+from broker.amount import cost_micros, parse_money
 from broker.money.pricing import PriceBook
+from broker.pools.catalog import Billing
 
 
 class MissingPrice(BrokerError):
@@ -127,3 +134,32 @@ def estimate_micros(gpus: int, seconds: int, price_micros: int) -> int:
 def billable_limit_s(time_limit_s: int) -> int:
     """Slurm limits are whole minutes, rounded up: a job may run that long, so estimate that."""
     return max(60, -(-time_limit_s // 60) * 60)
+
+
+def billed_node_s(billing: Billing, up_s: int) -> int:
+    """Seconds a pool bills for a node up ``up_s`` seconds: whole increments, at least the minimum.
+
+    Hourly (3600/3600): 61 min -> 7,200 s. Per second: exactly ``up_s``. Per
+    minute with a 60 s minimum: 10 s -> 60 s, 61 s -> 120 s. 0 s -> 0.
+    """
+    return billing.billed_s(up_s)
+
+
+def rounding_s(billing: Billing, up_s: int) -> int:
+    """The billed seconds beyond the power-up's real length (0 on a per-second pool)."""
+    return billed_node_s(billing, up_s) - max(up_s, 0)
+
+
+def stopped_price_micros(billing: Billing) -> int | None:
+    """Micro-units per node-hour a stopped node keeps costing; None when the pool's provider bills nothing."""
+    if not billing.stopped_price_per_hour:
+        return None
+    return parse_money(billing.stopped_price_per_hour)
+
+
+def stopped_micros(billing: Billing, stopped_s: int) -> int:
+    """What ``stopped_s`` seconds of a stopped node cost (rounded once, half-even); 0 without a stopped price."""
+    price = stopped_price_micros(billing)
+    if price is None or stopped_s <= 0:
+        return 0
+    return cost_micros(price, stopped_s)

@@ -436,7 +436,7 @@ def budget_set(
         f"{budget.cancel_running} (by {caller.name})",
         now=now,
     )
-    status = B.budget_status(s, g, sem, budget, pricebook.load(s), svc.settings, now)
+    status = B.budget_status(s, g, sem, budget, pricebook.load(s, svc.settings), svc.settings, now)
     out = status.as_dict()
     out.update(thresholds=budget.thresholds, hold_pending=budget.hold_pending, cancel_running=budget.cancel_running,
                alert_command=json.loads(budget.alert_command) if budget.alert_command else None,

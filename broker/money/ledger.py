@@ -13,7 +13,13 @@ Each tick:
 4. per budget of the semester in force: announces thresholds crossed, holds
    the group's pending jobs in Slurm while it is at its limit (intent first,
    then ``scontrol hold``), releases them when the budget allows again, and
-   cancels running jobs at 100 % when the budget says so.
+   cancels running jobs at 100 % when the budget says so;
+5. charges node time no job used: idle stretches, the time a pool's billing
+   rounds a power-up up to (one ``rounding`` line when the power-up ends) and
+   the time a stopped node keeps billing where its pool says so (``stopped``).
+
+Every line records its pool, GPU type and capacity class (the pool's class:
+owned, reserved, spot, ondemand), from the settings' pool catalog.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from sqlalchemy.orm import Session
 from broker.db import store
 from broker.db.ledger_models import (
     TAG_IDLE,
+    TAG_ROUNDING,
+    TAG_STOPPED,
     Budget,
     BudgetAlert,
     BudgetHold,
@@ -42,10 +50,12 @@ from broker.db.ledger_models import (
 from broker.db.models import Attempt, Job
 from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.amount import format_money
+from broker.amount import cost_micros, format_money
 from broker.money import alerts, nodecost, pricebook
 from broker.money import budgets as B
-from broker.money.charging import MissingPrice, Run, split_run
+from broker.money.charging import MissingPrice, Run, rounding_s, split_run, stopped_price_micros
+from broker.config import Settings
+from broker.pools.catalog import Billing
 from broker.ownership import verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
@@ -78,6 +88,8 @@ def ledger_tick(svc: Services) -> None:
         log.info("ledger: Slurm accounting unreachable (%s); charging waits", exc)
     release_reservations(svc, now)
     charge_idle_stretches(svc, now)
+    charge_rounding(svc, now)
+    charge_stopped_stretches(svc, now)
     enforce_budgets(svc, now)
 
 
@@ -113,7 +125,7 @@ def charge_ended_runs(svc: Services, now: datetime) -> int:
         by_id.setdefault(r.job_id, []).append(r)
     charged = 0
     with svc.tx() as s:
-        book = pricebook.load(s)
+        book = pricebook.load(s, svc.settings)
         cuts = B.semester_cuts(s)
         attempts = store.attempts_by_slurm_id(s, ids)
         for sid in ids:
@@ -172,7 +184,7 @@ def _charge_slurm_job(
             continue
         settled.add(key)
         done += 1
-    _close_missing(s, sid, job, attempts, rows, settled, now)
+    _close_missing(s, svc.settings, sid, job, attempts, rows, settled, now)
     return done
 
 
@@ -204,15 +216,17 @@ def _charge_run(
     lines = []
     if start is not None and elapsed > 0:
         run = Run(row.job_id, row.restarts, start, elapsed, gpus, partition, capacity, lost)
-        ondemand = (svc.settings.ondemand_partition, "ondemand")
+        ondemand = (svc.settings.partition_for("ondemand"), "ondemand")
         lines = split_run(run, book, cuts=cuts, ondemand=ondemand)
     account = row.account or job.group_name
     user = job.owner_name or row.user
+    pool, gpu_type = pool_and_gpu(svc.settings, partition)
     for line in lines:
         s.add(Charge(
             line_key=line.key(row.job_id, row.restarts), slurm_job_id=row.job_id, run_index=row.restarts,
             job_id=job.id, attempt_id=att.id if att is not None else None, account=account, user_name=user,
-            kind=job.kind, partition=partition, capacity=capacity, node="", tag=line.tag,
+            kind=job.kind, partition=partition, capacity=capacity, pool=pool, gpu_type=gpu_type, node="",
+            tag=line.tag,
             period_start=line.period_start, period_end=line.period_end, seconds=line.seconds, gpus=line.gpus,
             price_micros=line.price_micros, amount_micros=line.amount_micros,
             ondemand_micros=line.ondemand_micros, created_at=now,
@@ -221,7 +235,8 @@ def _charge_run(
     s.add(LedgerRun(
         slurm_job_id=row.job_id, run_index=row.restarts, job_id=job.id,
         attempt_id=att.id if att is not None else None, account=account, user_name=user,
-        partition=partition, capacity=capacity, state_raw=row.state_raw[:64], gpus=gpus,
+        partition=partition, capacity=capacity, pool=pool, gpu_type=gpu_type, state_raw=row.state_raw[:64],
+        gpus=gpus,
         started_at=start, elapsed_s=elapsed, elapsed_source=source, lost_s=min(lost, elapsed), total_micros=total,
         settled_at=now,
     ))
@@ -242,6 +257,12 @@ def _charge_run(
     )
 
 
+def pool_and_gpu(settings: Settings, partition: str) -> tuple[str | None, str | None]:
+    """The pool of ``partition`` and its GPU type, as a charge line records them (None, None: no pool)."""
+    pool = settings.pool_of(partition)
+    return (pool.name, pool.gpu_type) if pool is not None else (None, None)
+
+
 def _seen_s(att: Attempt | None) -> int | None:
     """The run time the daemon itself observed (squeue start to the tick that saw the end)."""
     if att is None or att.started_at is None or att.ended_at is None:
@@ -250,7 +271,7 @@ def _seen_s(att: Attempt | None) -> int | None:
 
 
 def _close_missing(
-    s: Session, sid: int, job: Job, attempts: list[Attempt], rows: list[SacctRow],
+    s: Session, svc_settings: Settings, sid: int, job: Job, attempts: list[Attempt], rows: list[SacctRow],
     settled: set[tuple[int, int]], now: datetime,
 ) -> None:
     """Close attempts whose accounting row never came, once nothing more can come."""
@@ -265,9 +286,11 @@ def _close_missing(
         idx = att.slurm_restarts or 0
         if att.state in ATTEMPT_TERMINAL and (sid, idx) not in settled:
             log.warning("ledger: no accounting row for run %s of Slurm job %s; closing it at zero", idx, sid)
+            pool, gpu_type = pool_and_gpu(svc_settings, att.partition or "")
             s.add(LedgerRun(
                 slurm_job_id=sid, run_index=idx, job_id=job.id, attempt_id=att.id, account=job.group_name,
                 user_name=job.owner_name, partition=att.partition or "", capacity=att.capacity.value,
+                pool=pool, gpu_type=gpu_type,
                 state_raw=NO_ACCOUNTING, gpus=0, started_at=None, elapsed_s=0, lost_s=0, total_micros=0,
                 settled_at=now,
             ))
@@ -429,7 +452,7 @@ def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int
 
 def _plan_budgets(s: Session, svc: Services, now: datetime, plan: BudgetPlan) -> None:
     semester = B.semester_at(s, now)
-    book = pricebook.load(s)
+    book = pricebook.load(s, svc.settings)
     open_holds = list(s.execute(select(BudgetHold).where(BudgetHold.released_at.is_(None))).scalars())
     over_budgets: set[int] = set()
     budgets = []
@@ -542,7 +565,8 @@ def charge_idle_time(
     if end <= start:
         return 0
     if price_micros is None:
-        price_micros = pricebook.node_hour_price(svc.settings, pricebook.load(s), partition, capacity, gpus, start)
+        price_micros = pricebook.node_hour_price(svc.settings, pricebook.load(s, svc.settings), partition, capacity,
+                                                 gpus, start)
     if price_micros is None:
         raise MissingPrice(
             f"no price for node {node} of partition {partition} ({capacity}) at {start:%Y-%m-%d %H:%M:%S} UTC",
@@ -554,13 +578,9 @@ def charge_idle_time(
         key = f"idle:{node}:{int(piece.start.timestamp())}"
         if s.execute(select(Charge.id).where(Charge.line_key == key)).first() is not None:
             continue
-        s.add(Charge(
-            line_key=key, slurm_job_id=None, run_index=None, job_id=None, attempt_id=None, account=account,
-            user_name="", kind="idle", partition=partition, capacity=capacity, node=node, tag=TAG_IDLE,
-            period_start=piece.start, period_end=piece.end, seconds=piece.seconds, gpus=gpus,
-            price_micros=price_micros, amount_micros=piece.amount_micros,
-            ondemand_micros=piece.amount_micros, created_at=now,
-        ))
+        s.add(_node_line(svc.settings, key=key, tag=TAG_IDLE, node=node, partition=partition, capacity=capacity,
+                         start=piece.start, end=piece.end, seconds=piece.seconds, gpus=gpus,
+                         price_micros=price_micros, amount_micros=piece.amount_micros, account=account, now=now))
         total += piece.amount_micros
     s.flush()
     return total
@@ -582,7 +602,7 @@ def charge_idle_stretches(svc: Services, now: datetime) -> int:
     """
     total = 0
     with svc.tx() as s:
-        book = pricebook.load(s)
+        book = pricebook.load(s, svc.settings)
         rows = s.execute(
             select(NodeUsage, NodeSession)
             .join(NodeSession, NodeSession.id == NodeUsage.session_id)
@@ -600,6 +620,128 @@ def charge_idle_stretches(svc: Services, now: datetime) -> int:
                 s, svc, node=sess.node, partition=sess.partition, capacity=sess.capacity,
                 start=usage.started_at, end=usage.ended_at, gpus=sess.gpus, now=now, price_micros=price,
             )
+    return total
+
+
+def _node_line(
+    settings: Settings, *, key: str, tag: str, node: str, partition: str, capacity: str, start: datetime,
+    end: datetime, seconds: int, gpus: int, price_micros: int, amount_micros: int, now: datetime,
+    account: str = "",
+) -> Charge:
+    """A line of node time no job used (idle, rounding, stopped): no Slurm job, priced per node-hour."""
+    pool, gpu_type = pool_and_gpu(settings, partition)
+    return Charge(
+        line_key=key, slurm_job_id=None, run_index=None, job_id=None, attempt_id=None, account=account,
+        user_name="", kind=tag, partition=partition, capacity=capacity, pool=pool, gpu_type=gpu_type, node=node,
+        tag=tag, period_start=start, period_end=end, seconds=seconds, gpus=gpus, price_micros=price_micros,
+        amount_micros=amount_micros, ondemand_micros=amount_micros, created_at=now,
+    )
+
+
+def _line_exists(s: Session, key: str) -> bool:
+    return s.execute(select(Charge.id).where(Charge.line_key == key)).first() is not None
+
+
+def node_billing(settings: Settings, partition: str) -> Billing:
+    """How ``partition``'s nodes are billed: its pool's rule (``NodePartition.billing``), else per second."""
+    rule = settings.managed_node_partitions().get(partition)
+    return rule.billing if rule is not None else Billing()
+
+
+def rounding_key(sess: NodeSession) -> str:
+    return f"rounding:{sess.node}:{int(sess.resumed_at.timestamp())}"
+
+
+def charge_rounding(svc: Services, now: datetime) -> int:
+    """One ``rounding`` line per ended power-up whose pool bills more than its real length.
+
+    A node up 61 minutes on an hourly pool has had 3,660 s charged as busy
+    (its jobs) and idle time; this line charges the 3,540 s the provider bills
+    beyond it, at the session's price per node-hour, from the suspend on.
+    Keyed on (node, resume time), so it lands once per power-up; a session
+    without a price waits like its idle time. Returns micro-units charged.
+    """
+    total = 0
+    with svc.tx() as s:
+        book = pricebook.load(s, svc.settings)
+        ended = s.execute(
+            select(NodeSession).where(NodeSession.suspended_at.is_not(None),
+                                      NodeSession.suspended_at >= now - IDLE_LOOKBACK)
+        ).scalars()
+        for sess in ended:
+            assert sess.suspended_at is not None  # selected for it
+            up_s = int((sess.suspended_at - sess.resumed_at).total_seconds())
+            extra = rounding_s(node_billing(svc.settings, sess.partition), up_s)
+            key = rounding_key(sess)
+            if extra <= 0 or _line_exists(s, key):
+                continue
+            price = nodecost.session_price(s, svc.settings, book, sess, now)
+            if price is None:
+                _warn_once(svc, ("rounding", sess.id), "ledger: billing rounding of %s not charged yet: no price "
+                           "for partition %s (%s) when it resumed", sess.node, sess.partition, sess.capacity)
+                continue
+            amount = cost_micros(price, extra)
+            s.add(_node_line(svc.settings, key=key, tag=TAG_ROUNDING, node=sess.node, partition=sess.partition,
+                             capacity=sess.capacity, start=sess.suspended_at,
+                             end=sess.suspended_at + timedelta(seconds=extra), seconds=extra, gpus=sess.gpus,
+                             price_micros=price, amount_micros=amount, now=now))
+            total += amount
+        s.flush()
+    return total
+
+
+def stopped_stretches(sessions: list[NodeSession]) -> list[tuple[NodeSession, NodeSession]]:
+    """(session, next session) of the same node: the node was stopped between the two. Pure."""
+    by_node: dict[str, list[NodeSession]] = {}
+    for sess in sessions:
+        by_node.setdefault(sess.node, []).append(sess)
+    out = []
+    for runs in by_node.values():
+        runs.sort(key=lambda x: (x.resumed_at, x.id))
+        for a, b in zip(runs, runs[1:], strict=False):
+            if a.suspended_at is not None and a.suspended_at < b.resumed_at:
+                out.append((a, b))
+    return out
+
+
+def charge_stopped_stretches(svc: Services, now: datetime) -> int:
+    """A ``stopped`` line per closed stretch a node of a pool with ``stopped_price_per_hour`` was stopped.
+
+    The stretch runs from a power-up's suspend to the same node's next resume
+    (a node still stopped is charged once it comes back); the price is the
+    pool's stopped price per node-hour, the stretch cut at semester
+    boundaries like idle time, keyed on (node, piece start). Returns micro-units.
+    """
+    pools = {p.partition: p for p in svc.settings.catalog().pools
+             if stopped_price_micros(node_billing(svc.settings, p.partition)) is not None}
+    if not pools:
+        return 0
+    total = 0
+    with svc.tx() as s:
+        recent = list(s.execute(
+            select(NodeSession.node).where(NodeSession.partition.in_(list(pools)),
+                                           NodeSession.resumed_at >= now - IDLE_LOOKBACK)
+        ).scalars())
+        if not recent:
+            return 0
+        sessions = list(s.execute(select(NodeSession).where(NodeSession.node.in_(set(recent)))).scalars())
+        cuts = B.semester_cuts(s)
+        for before, after in stopped_stretches(sessions):
+            if before.partition not in pools or after.resumed_at < now - IDLE_LOOKBACK:
+                continue
+            assert before.suspended_at is not None  # stopped_stretches checked it
+            price = stopped_price_micros(node_billing(svc.settings, before.partition))
+            assert price is not None
+            for piece in nodecost.stretch_cost(price, before.suspended_at, after.resumed_at, cuts):
+                key = f"stopped:{before.node}:{int(piece.start.timestamp())}"
+                if _line_exists(s, key):
+                    continue
+                s.add(_node_line(svc.settings, key=key, tag=TAG_STOPPED, node=before.node,
+                                 partition=before.partition, capacity=before.capacity, start=piece.start,
+                                 end=piece.end, seconds=piece.seconds, gpus=before.gpus, price_micros=price,
+                                 amount_micros=piece.amount_micros, now=now))
+                total += piece.amount_micros
+        s.flush()
     return total
 
 

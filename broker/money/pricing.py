@@ -15,7 +15,7 @@ from datetime import datetime
 
 ANY_PARTITION = "*"
 CAPACITIES = ("owned", "reserved", "spot", "ondemand")
-"""Capacity classes a price is given for (owned and reserved: the internal rate their use is valued at)."""
+"""The capacity classes a price row may name (``broker.pools.CLASSES``)."""
 
 
 @dataclass(frozen=True)

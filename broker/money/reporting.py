@@ -1,9 +1,13 @@
 """Spend reports and burn-down series, as plain dicts for the socket API.
 
-One pass over the semester's charge lines, grouped by group, user, kind or
-partition: spend, GPU-hours, spot share, money saved against running all of
-it on on-demand, and money lost to reclaims. Idle node time is a row of its
-own. Money stays in integer micro-units (``*_micros``) next to the display
+One pass over the semester's charge lines, grouped by group, user, kind,
+partition, pool or GPU type: spend, GPU-hours, spot share, money saved
+against running all of it on on-demand, and money lost to reclaims. Node time
+no job used is in rows of its own: idle nodes, billing rounding (the time a
+pool bills beyond a power-up's real length) and stopped nodes. Every line
+falls in exactly one row, so the rows add up to the total to the micro-unit
+whatever the grouping. A line from before the pool catalog (no pool recorded)
+counts under the pool whose partition it names, else as ``(partition X)``. Money stays in integer micro-units (``*_micros``) next to the display
 strings, so a program reading the JSON gets exact numbers.
 """
 
@@ -20,15 +24,30 @@ from sqlalchemy.orm import Session
 
 from broker.caller import Caller
 from broker.config import Settings
-from broker.db.ledger_models import TAG_IDLE, TAG_LOST, Charge, LabGroup, Semester
+from broker.db.ledger_models import (
+    NODE_TAGS,
+    TAG_IDLE,
+    TAG_LOST,
+    TAG_ROUNDING,
+    TAG_STOPPED,
+    Charge,
+    LabGroup,
+    Semester,
+)
 from broker.errors import SpecError
 from broker.amount import format_money
 from broker.money import budgets as B
 from broker.money import pricebook
 from broker.money.forecast import DEFAULT_WINDOW, forecast
 
-BY_CHOICES = ("group", "user", "kind", "partition")
+BY_CHOICES = ("group", "user", "kind", "partition", "pool", "gpu")
 IDLE_ROW = "(idle nodes)"
+ROUNDING_ROW = "(billing rounding)"
+STOPPED_ROW = "(stopped nodes)"
+NODE_ROWS = {TAG_IDLE: IDLE_ROW, TAG_ROUNDING: ROUNDING_ROW, TAG_STOPPED: STOPPED_ROW}
+"""Node time no job used: a row of its own per kind, whatever the grouping."""
+UNTYPED = "(untyped)"
+"""The GPU-type row of lines whose pool names no GPU type."""
 MAX_BURN_POINTS = 500
 
 
@@ -45,7 +64,7 @@ class Totals:
         self.spend += c.amount_micros
         self.gpu_s += c.seconds * c.gpus
         self.lines += 1
-        if c.tag == TAG_IDLE:
+        if c.tag in NODE_TAGS:
             return
         if c.capacity == "spot":
             self.spot_gpu_s += c.seconds * c.gpus
@@ -96,20 +115,25 @@ def report(
     group_names = {g.slurm_account: g.name for g in s.execute(select(LabGroup)).scalars()}
     rows: dict[str, Totals] = defaultdict(Totals)
     total = Totals()
+    special = set(NODE_ROWS.values())
     for c in _semester_lines(s, semester, visible):
-        if c.tag == TAG_IDLE:
-            key = IDLE_ROW
+        if c.tag in NODE_ROWS:
+            key = NODE_ROWS[c.tag]
         elif by == "group":
             key = group_names.get(c.account, c.account)
         elif by == "user":
             key = c.user_name
         elif by == "kind":
             key = c.kind
+        elif by == "pool":
+            key = pool_key(settings, c)
+        elif by == "gpu":
+            key = gpu_key(settings, c)
         else:
             key = c.partition
         rows[key].add(c)
         total.add(c)
-    ordered = sorted(rows.items(), key=lambda kv: (kv[0] == IDLE_ROW, -kv[1].spend, kv[0]))
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0] in special, -kv[1].spend, kv[0]))
     return {
         "semester": semester.name,
         "starts_at": _iso(semester.starts_at),
@@ -122,11 +146,30 @@ def report(
     }
 
 
+def pool_key(settings: Settings, c: Charge) -> str:
+    """The pool a line counts under: the one it recorded, else the pool of its partition, else its partition."""
+    if c.pool:
+        return c.pool
+    pool = settings.pool_of(c.partition)
+    return pool.name if pool is not None else f"(partition {c.partition})"
+
+
+def gpu_key(settings: Settings, c: Charge) -> str:
+    """The GPU type a line counts under: the one it recorded, else its partition's pool's, else untyped."""
+    if c.gpu_type:
+        return c.gpu_type
+    if c.pool is None:
+        pool = settings.pool_of(c.partition)
+        if pool is not None and pool.gpu_type:
+            return pool.gpu_type
+    return UNTYPED
+
+
 def budgets_overview(
     s: Session, caller: Caller, settings: Settings, semester: Semester, now: datetime,
     window: timedelta = DEFAULT_WINDOW,
 ) -> list[dict[str, Any]]:
-    book = pricebook.load(s)
+    book = pricebook.load(s, settings)
     out = []
     for group in B.visible_groups(s, caller):
         budget = B.budget_of(s, group.id, semester.id)
@@ -211,7 +254,8 @@ def charge_lines(
         {
             "id": c.id, "key": c.line_key, "slurm_job_id": c.slurm_job_id, "run_index": c.run_index,
             "job_id": c.job_id, "account": c.account, "user": c.user_name, "kind": c.kind,
-            "partition": c.partition, "capacity": c.capacity, "node": c.node, "tag": c.tag,
+            "partition": c.partition, "capacity": c.capacity, "pool": c.pool, "gpu_type": c.gpu_type,
+            "node": c.node, "tag": c.tag,
             "period_start": _iso(c.period_start), "period_end": _iso(c.period_end), "seconds": c.seconds,
             "gpus": c.gpus, "price_micros": c.price_micros, "amount_micros": c.amount_micros,
             "ondemand_micros": c.ondemand_micros, "amount": format_money(c.amount_micros),

@@ -5,7 +5,9 @@ One tick (every ``node_tick_seconds``):
 1. ingest the node journal (hooks that ran while the daemon was down);
 2. read Slurm once each: nodes (sinfo), jobs (squeue), pending jobs' needs (squeue);
 3. bring node sessions up to date (open/close, busy/idle stretches, users);
-4. ``plan_release`` (pure) and carry it out through Slurm: ``scontrol update
+4. ``plan_release`` (pure; it gets each node's idle start and power-up start,
+   and each partition's idle time, warm minimum, power-down flag, billing
+   rule and the tick) and carry it out through Slurm: ``scontrol update
    NodeName=... State=POWER_DOWN`` (never FORCE: a job that landed meanwhile
    keeps running, Slurm powers the node down after it), POWER_UP for warm minimums;
 5. with a provider: handle spot interruptions (drain, requeue, power down) and
@@ -60,6 +62,21 @@ JOB_ON_NODE_STATES = frozenset(
     {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT"}
 )
 """squeue states of a job that occupies its nodes (finished jobs linger in squeue with a NodeList)."""
+
+
+def running_job(info: NodeInfo, jobs: list[SlurmJob]) -> bool:
+    """Whether a job's run time covers the node now: for billing, its time is then the job's.
+
+    A node booting for the job that waits on it (the job CONFIGURING, the node
+    powering up) is not: Slurm starts the job's run time (sacct's) once the
+    node is up, so that boot is node time no job line charges, and it is
+    billed as idle.
+    """
+    if power_of(info) is Power.BOOTING:
+        return False
+    if jobs:
+        return any(j.state_raw.upper().split()[0] != "CONFIGURING" for j in jobs)
+    return info.state is NodeState.ALLOCATED
 
 
 def ticks(nodes: NodeManager) -> list[tuple[str, Callable[[], object], float]]:
@@ -143,8 +160,10 @@ class NodeManager:
         return self._provider
 
     def rules(self) -> dict[str, PartitionRule]:
+        tick = max(1.0, float(self.settings.node_tick_seconds))
         return {
-            name: PartitionRule(name, self.settings.node_idle_seconds_for(name), p.warm_min)
+            name: PartitionRule(name, self.settings.node_idle_seconds_for(name), p.warm_min,
+                                power_down=p.power_down, billing=p.billing, tick_s=tick)
             for name, p in self.settings.managed_node_partitions().items()
         }
 
@@ -172,8 +191,10 @@ class NodeManager:
                 except ProviderError as exc:
                     log.warning("nodes: provider %s: %s", self.settings.node_provider, exc)
                     report.error = str(exc)
-            idle_since = self.observe(snap, instances)
-            views = [self.view(info, snap, idle_since) for info in snap.nodes.values() if self.managed(info)]
+            up_since: dict[str, datetime] = {}
+            idle_since = self.observe(snap, instances, up_since)
+            views = [self.view(info, snap, idle_since, up_since) for info in snap.nodes.values()
+                     if self.managed(info)]
             plan = plan_release(views, snap.pending, self.rules(), snap.at)
             report.kept = plan.kept
             if plan.kept != self.last.kept:
@@ -207,7 +228,8 @@ class NodeManager:
             log.info("nodes: GPUs in use unknown this tick: %s", exc)
             return {}
 
-    def view(self, info: NodeInfo, snap: Snapshot, idle_since: dict[str, datetime]) -> NodeView:
+    def view(self, info: NodeInfo, snap: Snapshot, idle_since: dict[str, datetime],
+             up_since: dict[str, datetime] | None = None) -> NodeView:
         busy = info.state is NodeState.ALLOCATED or bool(snap.on_node.get(info.name))
         return NodeView(
             name=info.name,
@@ -218,10 +240,15 @@ class NodeManager:
             gpus=info.gpus,
             features=tuple(info.features),
             idle_since=None if busy else idle_since.get(info.name),
+            up_since=(up_since or {}).get(info.name),
         )
 
-    def observe(self, snap: Snapshot, instances: list[Instance] | None = None) -> dict[str, datetime]:
+    def observe(self, snap: Snapshot, instances: list[Instance] | None = None,
+                up_since: dict[str, datetime] | None = None) -> dict[str, datetime]:
         """Bring sessions in line with what Slurm shows; return idle-since per node.
+
+        ``up_since`` (filled in when given): each powered-up node's power-up
+        start, its open session's resume time (what its pool bills from).
 
         A session the provider answers for ends when its instance is gone, not
         when Slurm lets go of the node: an instance still alive under a
@@ -252,9 +279,11 @@ class NodeManager:
                         capacity=self.settings.node_capacity(part), gpus=info.gpus, provider="",
                         source=SOURCE_OBSERVED, key=_key("observed", info.name, at.isoformat()), at=at,
                     )  # fmt: skip
+                if up_since is not None:
+                    up_since[info.name] = sess.resumed_at
                 jobs = snap.on_node.get(info.name, [])
                 busy = info.state is NodeState.ALLOCATED or bool(jobs)
-                ns.set_usage(s, sess, USAGE_BUSY if busy else USAGE_IDLE, at)
+                ns.set_usage(s, sess, USAGE_BUSY if running_job(info, jobs) else USAGE_IDLE, at)
                 ns.add_users(sess, {j.user for j in jobs if j.user})
                 if not busy:
                     cur = ns.current_usage(s, sess)

@@ -15,15 +15,31 @@ and the daemon only carries the plan out:
    hold nothing, or a held job would keep a node billing forever.
 4. A partition's warm minimum keeps that many nodes powered up (longest-idle
    nodes go first when some may go), and powers nodes up to reach it.
+5. How the node's pool bills decides when an idle node goes:
+
+   * a pool with ``power_down = false`` (owned and reserved, by default) is
+     never released;
+   * per second (or when the release window would be shorter than a node
+     tick): once idle its idle time, as in 2;
+   * in increments (per started hour, per minute, ...): a node whose current
+     increment is already paid is kept while it lasts, and released once it
+     is idle its idle time AND the end of its paid increment is at most
+     ``release_margin_s`` away (two node ticks, at least 30 s, never more than
+     10 % of the increment), so the suspend lands before the next increment
+     starts. An idle node kept for its paid time is the one a new job gets:
+     Slurm places jobs on powered-up nodes before powered-down ones.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
+
+from broker.pools.catalog import Billing
 
 
 class Power(str, Enum):
@@ -78,6 +94,8 @@ class NodeView:
     features: tuple[str, ...] = ()
     idle_since: datetime | None = None
     """Start of the current idle stretch; None when unknown (never released then)."""
+    up_since: datetime | None = None
+    """Start of the current power-up (its billed session's resume); None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,43 @@ class PartitionRule:
     name: str
     idle_s: float
     warm_min: int = 0
+    power_down: bool = True
+    """False: the partition's nodes are never released (owned and reserved pools by default)."""
+    billing: Billing = Billing()
+    """How the partition's pool bills node time (per second by default)."""
+    tick_s: float = 30.0
+    """The node tick's interval: the release window before a paid increment ends is two of them."""
+
+
+MIN_MARGIN_S = 30.0
+"""The release window before a paid increment ends is at least this long..."""
+MAX_MARGIN_SHARE = 0.10
+"""...and never more than this share of the increment."""
+
+
+def release_margin_s(increment_s: int, tick_s: float) -> float:
+    """How long before its paid increment ends an idle node is released.
+
+    Two node ticks (one to decide, one of slack for the suspend to land), at
+    least 30 s, never more than 10 % of the increment: 60 s for an hourly pool
+    with 30 s ticks, 18 s for a 180 s increment.
+    """
+    return min(max(2.0 * tick_s, MIN_MARGIN_S), MAX_MARGIN_SHARE * increment_s)
+
+
+def paid_left_s(billing: Billing, up_s: float) -> float:
+    """Seconds until the node's paid time ends, ``up_s`` seconds after its power-up began.
+
+    Per started increment: at exactly one increment the paid time is over (0
+    left); a moment later the next one is paid for.
+    """
+    return billing.paid_until_s(max(1, math.ceil(up_s))) - up_s
+
+
+def keeps_paid_time(rule: PartitionRule) -> bool:
+    """Whether nodes of ``rule`` are kept for their paid increment: billed in increments, and the
+    release window is at least a tick long (else a tick could miss it and keep a whole increment more)."""
+    return rule.billing.increment_s > 1 and release_margin_s(rule.billing.increment_s, rule.tick_s) >= rule.tick_s
 
 
 @dataclass(frozen=True)
@@ -157,6 +212,31 @@ def _idle_limit(node: NodeView, rules: Mapping[str, PartitionRule]) -> float:
     return max(rules[p].idle_s for p in node.partitions if p in rules)
 
 
+def _billing_rule(node: NodeView, rules: Mapping[str, PartitionRule]) -> PartitionRule:
+    """The rule whose billing decides for ``node``: of its managed partitions, the longest increment."""
+    return max((rules[p] for p in node.partitions if p in rules), key=lambda r: (r.billing.increment_s, r.name))
+
+
+def _never_released(node: NodeView, rules: Mapping[str, PartitionRule]) -> list[str]:
+    return [p for p in node.partitions if p in rules and not rules[p].power_down]
+
+
+def _paid_window(node: NodeView, rules: Mapping[str, PartitionRule], now: datetime) -> tuple[bool, str]:
+    """(release now, why) for an idle node past its idle time, by its pool's billing."""
+    rule = _billing_rule(node, rules)
+    if not keeps_paid_time(rule):
+        return True, ""
+    if node.up_since is None:
+        return True, "; power-up start not known: released as if billed per second"
+    up_s = (now - node.up_since).total_seconds()
+    left = paid_left_s(rule.billing, up_s)
+    margin = release_margin_s(rule.billing.increment_s, rule.tick_s)
+    if left <= margin:
+        return True, f"; its paid time ends in {left:.0f}s (<= {margin:.0f}s, billed {rule.billing.describe()})"
+    return False, (f"idle, paid for {left:.0f}s more (billed {rule.billing.describe()}): "
+                   f"released {margin:.0f}s before that ends")
+
+
 def plan_release(
     nodes: Iterable[NodeView],
     pending: Iterable[PendingJob],
@@ -173,7 +253,10 @@ def plan_release(
             if n.power is Power.BOOTING:
                 kept[n.name] = "powering up"
             continue
-        if n.busy:
+        never = _never_released(n, rules)
+        if never:
+            kept[n.name] = f"never released: {', '.join(never)} has power_down = false"
+        elif n.busy:
             kept[n.name] = "running a job"
         elif not n.usable:
             kept[n.name] = "down or drained: left to the admin"
@@ -199,14 +282,20 @@ def plan_release(
 
     # Idle long enough?
     due: list[NodeView] = []
+    paid_note: dict[str, str] = {}
     for n in free.values():
         assert n.idle_since is not None
         idle_for = (now - n.idle_since).total_seconds()
         limit = _idle_limit(n, rules)
-        if idle_for >= limit:
-            due.append(n)
-        else:
+        if idle_for < limit:
             kept[n.name] = f"idle {idle_for:.0f}s of {limit:.0f}s"
+            continue
+        go, why = _paid_window(n, rules, now)
+        if go:
+            due.append(n)
+            paid_note[n.name] = why
+        else:
+            kept[n.name] = why
 
     # Warm minimum: count what is (or is becoming) powered up per partition.
     up: dict[str, int] = {p: 0 for p in rules}
@@ -228,7 +317,7 @@ def plan_release(
         assert n.idle_since is not None
         reasons[n.name] = (
             f"idle {(now - n.idle_since).total_seconds():.0f}s >= {_idle_limit(n, rules):.0f}s, "
-            "no pending job fits it"
+            f"no pending job fits it{paid_note.get(n.name, '')}"
         )
 
     power_up: list[str] = []

@@ -98,7 +98,7 @@ def open_session(
     existing = open_session_of(s, node)
     if existing is not None:
         return existing, False
-    price = pricebook.node_hour_price(settings, pricebook.load(s), partition, capacity, gpus, at)
+    price = pricebook.node_hour_price(settings, pricebook.load(s, settings), partition, capacity, gpus, at)
     sess = NodeSession(
         node=node, partition=partition, capacity=capacity, provider=provider, instance_id=instance_id,
         gpus=gpus, price_micros=price or 0, price_known=int(price is not None), source=source, open_key=key,

@@ -71,7 +71,7 @@ def budget_table(budgets: list[dict[str, Any]], semester: str) -> str:
 
 
 LEDGER_FIELDS = ("id", "slurm_job_id", "run_index", "job_id", "account", "user", "kind", "partition", "capacity",
-                 "node", "tag", "period_start", "period_end", "seconds", "gpus", "price_micros", "amount_micros",
+                 "pool", "gpu_type", "node", "tag", "period_start", "period_end", "seconds", "gpus", "price_micros", "amount_micros",
                  "ondemand_micros")
 
 

@@ -607,3 +607,48 @@ def test_settings_read_nodes_and_providers_tables(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nodes.spot"):
         load_settings(f, env={})
     assert isinstance(NodeManager, type)
+
+
+def test_the_tick_keeps_an_idle_node_for_its_paid_hour_and_never_releases_owned_nodes(env: Any) -> None:
+    from dataclasses import replace
+
+    from broker.pools.catalog import parse_pools
+
+    env.svc.settings = env.m.settings = replace(env.svc.settings, node_partitions=(), pools=parse_pools({
+        "spot": {"partition": "spot", "capacity": "spot", "billing": "hour", "idle_seconds": 60,
+                 "price_per_node_hour": PRICE},
+        "lab": {"partition": "ondemand", "capacity": "owned", "idle_seconds": 60},
+    }, "test"))
+    env.slurm.add("spot1", "IDLE+CLOUD")
+    env.slurm.add("od1", "IDLE+CLOUD", partitions=["ondemand"])
+    env.m.tick()  # both seen up: sessions open now, idle from now
+    released = []
+    for _ in range(int(3600 / 10) + 30):
+        released += [(n, env.clock.now() - T0) for n in step(env, 10).released]
+        if released:
+            break
+    # The node tick is 10 s, so the window is 30 s (at least 30 s, two ticks are 20 s).
+    assert released == [("spot1", timedelta(seconds=3600 - 30))], released
+    assert "power_down = false" in env.m.last.kept["od1"]
+    (rel,) = events(env.svc, "node_release")
+    assert "paid time ends in 30s" in rel["reason"]
+
+
+def test_a_node_booting_for_its_job_is_billed_idle_until_the_job_runs() -> None:
+    """sacct's run time starts once the node is up, so the boot is node time no job line charges."""
+    from broker.nodes.manager import running_job
+
+    def info(raw: str) -> NodeInfo:
+        p = parse_node_state(raw)
+        return NodeInfo("spot1", raw, p.state, ["spot"], ["spot"], 4, "", p.flags)
+
+    def job(state: str) -> SlurmJob:
+        return SlurmJob(7, "j", "bob", "vision", "spot", state, job_state(state), "", ["spot1"], 0, "", None, None,
+                        None)
+
+    assert not running_job(info("ALLOCATED+CLOUD+POWERING_UP"), [job("CONFIGURING")])
+    assert not running_job(info("ALLOCATED+CLOUD"), [job("CONFIGURING")])  # up, the job not started yet
+    assert running_job(info("ALLOCATED+CLOUD"), [job("RUNNING")])
+    assert running_job(info("MIXED+CLOUD"), [job("CONFIGURING"), job("RUNNING")])
+    assert running_job(info("ALLOCATED+CLOUD"), [])  # allocated by Slurm, squeue not caught up
+    assert not running_job(info("IDLE+CLOUD"), [])
