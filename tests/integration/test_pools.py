@@ -103,7 +103,8 @@ def test_owned_first_then_spot_memory_picks_the_type_and_strict_jobs_wait_or_go_
     assert pools["owned"]["capacity"] == "owned" and pools["spot-b"]["gpu_type"] == "a100"
     # Owned nodes (own1-2, 4 L4 each) fill first.
     a = submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600")
-    b = submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600")
+    # Any of two types: the pool the policy ranks first (owned L4s, already paid for).
+    b = submit(d, "--gpus", "4", "--gpu", "l4,a100", "--time", "20m", "--", "sleep", "600")
     assert (a["partition"], a["capacity"]) == ("owned", "owned"), a
     assert (b["partition"], b["capacity"]) == ("owned", "owned"), b
     wait_owned_full(d, slurm_cluster, [a, b])
