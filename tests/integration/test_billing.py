@@ -77,10 +77,10 @@ def _gbroker_exe(work: Any) -> str:
 
 
 def _devcluster_up(suspend_time: int | None) -> None:
+    """`devcluster up` with Slurm's SuspendTime at ``suspend_time`` (None: as the environment has it, the
+    cluster's usual); a changed slurm.conf restarts the controller, nodes and jobs keep running."""
     env = dict(os.environ)
-    if suspend_time is None:
-        env.pop("GBROKER_DEVCLUSTER_SUSPEND_TIME", None)
-    else:
+    if suspend_time is not None:
         env["GBROKER_DEVCLUSTER_SUSPEND_TIME"] = str(suspend_time)
     p = subprocess.run([str(DEVCLUSTER), "up"], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
