@@ -348,9 +348,12 @@ REFUSALS = (
     "access denied",
     "violates accounting/qos policy",
     "user not found",
-    "requested node configuration is not available",
 )
-"""Pre-flight answers that a real submission would get too (as opposed to "no nodes free right now")."""
+"""Pre-flight answers that a real submission would get too (as opposed to "no nodes free right now").
+
+Not "requested node configuration is not available": --test-only says it also when the
+partition's nodes are merely down or powering down, where a real submission would wait.
+A request larger than a pool's nodes is refused earlier, by the catalog's fit."""
 
 PREFLIGHT_TTL = timedelta(minutes=10)
 """How long a passed `sbatch --test-only` vouches for the same user, account, partition and size."""
