@@ -1,7 +1,7 @@
 """Node release and the ledger by each pool's billing, on the real dev cluster with a real daemon.
 
-The settings use a pool catalog: ``spot`` bills in 180 s increments with a
-180 s minimum (an "hour" short enough for a test), ``ondemand`` per second.
+The settings use a pool catalog: ``spot`` bills in 120 s increments with a
+120 s minimum (an "hour" short enough for a test), ``ondemand`` per second.
 Every power-up goes Slurm -> hook -> daemon -> local provider -> the cluster's
 agent (``devcluster hooks gbroker``, as in test_nodes.py), so the daemon bills
 exact sessions. Slurm's own SuspendTime is raised for the module (and put back
@@ -33,10 +33,10 @@ from test_nodes import _daemon, node_events, sacct_on_node, wait_for
 
 pytestmark = pytest.mark.slurm
 
-INCREMENT_S = 180
+INCREMENT_S = 120
 IDLE_S = 5
 TICK_S = 2
-MARGIN_S = 18  # min(max(2 ticks, 30 s), 10 % of 180 s)
+MARGIN_S = 12  # min(max(2 ticks, 30 s), 10 % of 120 s)
 SLACK_S = 3
 """Whole-second clocks and a busy 2-core machine, beyond one tick."""
 PER_NODE_SECOND = {"spot": 1000, "ondemand": 2000}  # micro-units: 4 GPUs x $0.90 / $1.80 per GPU-hour
@@ -61,7 +61,7 @@ def _toml(work: Any, state_dir: Any) -> Any:
         '[pools.spot]\npartition = "spot"\ncapacity = "spot"\ngpu_type = "l4"\nprice_per_gpu_hour = "0.90"\n'
         f"billing_increment_seconds = {INCREMENT_S}\nbilling_minimum_seconds = {INCREMENT_S}\n"
         f"idle_seconds = {IDLE_S}\n"
-        '[pools.ondemand]\npartition = "ondemand"\ncapacity = "ondemand"\ngpu_type = "l4"\n'
+        '[pools.ondemand]\npartition = "ondemand"\ncapacity = "ondemand"\ngpu_type = "a100"\n'
         f'price_per_gpu_hour = "1.80"\nbilling = "second"\nidle_seconds = {IDLE_S}\n'
         f'[providers.local]\nstate_dir = "{state_dir}"\n'
     )
