@@ -29,6 +29,11 @@ MAX_SAMPLES = 20_000
 UNUSABLE = frozenset({NodeState.DOWN, NodeState.UNKNOWN})
 
 
+def usable(node: NodeInfo) -> bool:
+    """A node that could run a job now or after a boot (not down, drained or failed)."""
+    return node.state not in UNUSABLE and "drain" not in node.state_raw.lower()
+
+
 @dataclass
 class SpotObserver:
     """Samples of (time, spot nodes available), newest last."""
@@ -37,10 +42,7 @@ class SpotObserver:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, nodes: Iterable[NodeInfo], spot_partition: str, now: datetime) -> int:
-        available = sum(
-            1 for n in nodes
-            if spot_partition in n.partitions and n.state not in UNUSABLE and "drain" not in n.state_raw.lower()
-        )
+        available = sum(1 for n in nodes if spot_partition in n.partitions and usable(n))
         with self.lock:
             self.samples.append((now, available))
             while self.samples and self.samples[0][0] < now - LOOKBACK:
@@ -122,11 +124,6 @@ class ReclaimHistory:
         if attempt_hours <= 0:
             return 0.0
         return max(nodes * all_reclaims / node_hours, all_reclaims / attempt_hours)
-
-
-def usable(node: NodeInfo) -> bool:
-    """A node that could run a job now or after a boot (not down, drained or failed)."""
-    return node.state not in UNUSABLE and "drain" not in node.state_raw.lower()
 
 
 @dataclass(frozen=True)

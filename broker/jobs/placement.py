@@ -17,7 +17,7 @@ from broker.db.models import Attempt
 from broker.errors import SpecError
 from broker.market import ReclaimHistory
 from broker.money.pricing import PriceBook
-from broker.pools import GpuRequest, Pool, fitting, refusal
+from broker.pools import Pool, fitting, refusal
 from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
 from broker.state import Services
@@ -39,11 +39,6 @@ def capacity_of_partition(settings: Settings, partition: str) -> str:
     )
 
 
-def gpu_request(spec: JobSpec) -> GpuRequest:
-    """What the job asks of the capacity it runs on."""
-    return spec.gpu_request()
-
-
 def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
     """The catalog's pools that can hold the job, in catalog order; none: refused with each pool's reason."""
     catalog = svc.settings.catalog()
@@ -56,7 +51,7 @@ def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
     else:
         pools = list(catalog.pools)
     nodes_of = {p.name: c.nodes for p in pools if (c := svc.market.censuses.get(p.name)) and c.nodes}
-    ok, why = fitting(pools, gpu_request(spec), nodes_of)
+    ok, why = fitting(pools, spec.gpu_request(), nodes_of)
     if not ok:
         raise SpecError(refusal(why), hint="ask for less (gpu, gpu_mem_gb, GPUs per node, nodes, cpus, mem), "
                         "or see `gbroker pools` for what each pool has; nothing was stored")

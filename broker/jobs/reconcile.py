@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, lazyload
@@ -54,7 +55,7 @@ from broker.market import ReclaimHistory, build_market
 from broker.money import pricebook
 from broker.money.pricebook import market_prices
 from broker.pools import PREPAID as PREPAID_CLASSES
-from policies import PREPAID, Action, Capacity, Decision, Placement
+from policies import PREPAID, Action, Capacity, Decision, JobView, Placement
 
 log = logging.getLogger(__name__)
 
@@ -382,8 +383,7 @@ def _deadline_fallback(
         pools = fitting_pools(svc, spec)
     except SpecError:
         return  # the catalog changed under the job: leave it where it waits
-    view = job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
-                    reclaims=job.reclaims or 0, current=Capacity.NONE)
+    view = _view_of(job, spec, now)
     pool, choice = place_in_pools(svc, spec, view, pools)
     if choice.capacity != Capacity.ONDEMAND:
         return
@@ -420,8 +420,7 @@ def _spot_pool_gone(
         pools = fitting_pools(svc, spec)
     except SpecError:
         return
-    view = replace(job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=job.done_s or 0,
-                            reclaims=job.reclaims or 0), pool=pool_index(pools, att.partition))
+    view = _view_of(job, spec, now, pool=pool_index(pools, att.partition))
     views = pool_views(svc, spec, pools)
     choice = svc.policy.pool_after_preempt(view, Decision(Action.RESUME_SPOT, "its pool has no usable node"), views)
     if choice.pool is None or not views[choice.pool].room:
@@ -437,15 +436,20 @@ def _spot_pool_gone(
                     now=now, job_id=job.id)
 
 
+def _view_of(job: Job, spec: JobSpec, now: datetime, *, done_s: int | None = None, pool: int | None = None,
+             **kw: Any) -> JobView:
+    """The policy's view of a stored job: its spec, age, progress (the stored one unless given) and reclaims."""
+    view = job_view(spec, now=now, submitted_at=_utc(job.created_at),
+                    done_s=job.done_s or 0 if done_s is None else done_s, reclaims=job.reclaims or 0, **kw)
+    return view if pool is None else replace(view, pool=pool)
+
+
 def _place_now(
     svc: Services, job: Job, spec: JobSpec, now: datetime, *, current: Capacity, done_s: int,
     safe_done_s: int | None = None,
 ) -> Placement:
     """The policy's placement for a job already in Slurm (waiting, or running on `current`)."""
-    view = job_view(
-        spec, now=now, submitted_at=_utc(job.created_at), done_s=done_s, safe_done_s=safe_done_s,
-        reclaims=job.reclaims or 0, current=current,
-    )
+    view = _view_of(job, spec, now, done_s=done_s, safe_done_s=safe_done_s, current=current)
     market = market_view(svc, spec.nodes)
     if current == Capacity.SPOT:
         # The job runs on spot, so spot is there for its gang whatever the last census said.
@@ -516,8 +520,7 @@ def _back_to_prepaid(
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
     saves = svc.saves.latest(job.owner_name, checkpoint_dir_of(job))
     done, safe = progress_s(spec, attempts, now, saves.saved_at if saves else None)
-    view = replace(job_view(spec, now=now, submitted_at=_utc(job.created_at), done_s=done, safe_done_s=safe,
-                            reclaims=job.reclaims or 0, current=Capacity(att.capacity)), pool=here)
+    view = _view_of(job, spec, now, done_s=done, safe_done_s=safe, current=Capacity(att.capacity), pool=here)
     choice = svc.policy.place_catalog(view, pool_views(svc, spec, pools))
     if choice.pool is None or choice.pool == here or choice.capacity not in PREPAID:
         return
@@ -743,14 +746,7 @@ def _recover(
     """Ask the policy what to do after a reclaim, and plan it."""
     spec = stored_spec(job)
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
-    view = job_view(
-        spec,
-        now=now,
-        submitted_at=_utc(job.created_at),
-        done_s=job.done_s or 0,
-        reclaims=job.reclaims or 0,
-        current=Capacity.NONE,
-    )
+    view = _view_of(job, spec, now)
     decision = svc.policy.on_preempt(view, attempt_views(attempts), market_view(svc, spec.nodes))
     lost = f"{att.lost_s}s of work lost" if att.lost_s is not None else "lost work unknown"
     store.add_event(
