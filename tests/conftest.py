@@ -156,13 +156,13 @@ LANE_ORDER = (
     # Measured seconds on 2 cores (--durations), longest first: xdist hands files out in
     # this order and the unit tests fill the gaps, so the lanes end close together. A file
     # missing here runs after these, before the unit tests.
+    ("tests/integration/test_pools.py", 390),
     ("tests/integration/test_broker_core.py", 370),
     ("tests/integration/test_deadlines.py", 355),
     ("tests/integration/test_finetune_frameworks.py", 305),
+    ("tests/integration/test_node_billing.py", 240),
     ("tests/integration/test_attacks.py", 215),
     ("tests/integration/test_budgets.py", 195),
-    ("tests/integration/test_pools.py", 260),
-    ("tests/integration/test_node_billing.py", 240),
     ("tests/integration/test_devcluster.py", 190),
     ("tests/integration/test_nodes.py", 165),
     ("tests/integration/test_backend_contract.py", 95),

@@ -86,6 +86,15 @@ def _utc(dt: datetime | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
+def _refresh_market(s: Session, svc: Services, now: datetime) -> None:
+    """The market the policies see: the reclaim rates seen so far (the whole cluster's and each
+    spot pool's), prices in force, and the node tick's last census."""
+    history = reclaim_history(s, now)
+    prices = market_prices(s, svc.settings, now)
+    svc.market.refresh(build_market(svc.settings, svc.market.observer, now, history.rate(1), prices), history, now)
+    _refresh_pools(s, svc, now)
+
+
 def _refresh_pools(s: Session, svc: Services, now: datetime) -> None:
     """Each pool's price in force and each spot pool's own reclaims, for the pools' market views."""
     book = pricebook.load(s, svc.settings)
@@ -135,10 +144,7 @@ def reconcile(svc: Services) -> None:
     need_history: dict[int, tuple[Job, Attempt]] = {}
     unconfirmed: list[tuple[Job, Attempt]] = []
     with svc.tx() as s:
-        history = reclaim_history(s, now)
-        prices = market_prices(s, svc.settings, now)
-        svc.market.refresh(build_market(svc.settings, svc.market.observer, now, history.rate(1), prices), history, now)
-        _refresh_pools(s, svc, now)
+        _refresh_market(s, svc, now)
         active = active_with_latest(s)
         live = {job.id for job, _ in active}
         for job_id in [j for j in svc.tick_errors if j not in live]:
@@ -744,6 +750,9 @@ def _recover(
     requeued: SlurmJob | None,
 ) -> None:
     """Ask the policy what to do after a reclaim, and plan it."""
+    # The rates the policy reads count this reclaim too (the tick's first refresh did not).
+    s.flush()
+    _refresh_market(s, svc, now)
     spec = stored_spec(job)
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
     view = _view_of(job, spec, now)

@@ -4,16 +4,21 @@ pools runs unchanged."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from broker.config import MIGRATE_HINT
+from broker.jobs.placement import job_view
+from broker.market import ReclaimHistory
 from broker_fixtures import REPO, SRC, BrokerDaemon, daemon_with_config, public_dir, user_dir
+from policies.base import DEFAULT_CHECKPOINT_INTERVAL_S
 
 LAB = REPO / "contrib" / "slurm" / "lab.toml"
 SEMESTER = "lab-term"
@@ -29,6 +34,10 @@ def lab_config() -> str:
 def lab(slurm_cluster: Any):
     with daemon_with_config(slurm_cluster, lab_config(), GBROKER_NODE_TICK_SECONDS="2") as d:
         yield d
+    leave_lab_as_found(slurm_cluster)
+
+
+def leave_lab_as_found(slurm_cluster: Any) -> None:
     # Leave the lab as found: zone a back in service (a node kept down after its reclaim is
     # handed back to the cloud pool), nothing of ours queued.
     states = slurm_cluster.run(["sinfo", "-h", "-N", "-p", "spot", "-o", "%N %T"], check=False).stdout
@@ -183,6 +192,85 @@ def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_b
     assert rows["spot-a"]["gpu_seconds"] > 0 and rows["spot-b"]["gpu_seconds"] > 0, rows
     for b in blockers:
         ok(d.cli("cancel", str(b["id"])))
+
+
+CHEAP_A = "0.024"
+"""spot-a's price per GPU-hour in the repeated-reclaim test: cheap enough that one reclaim does
+not outweigh it, dear enough that a few quick ones do (spot-b costs 1.10 / speed 3 per unit of work)."""
+
+
+def _zone_a_rate(attempts: list[dict[str, Any]]) -> float:
+    """Zone a's reclaim rate as the daemon counts it: reclaims per hour of spot time there."""
+    hours = 0.0
+    for a in attempts:
+        start, end = datetime.fromisoformat(a["started_at"]), datetime.fromisoformat(a["ended_at"])
+        hours += (end - start).total_seconds() / 3600
+    return ReclaimHistory({1: (len(attempts), hours)}).rate(1)
+
+
+def test_a_zone_reclaimed_again_and_again_loses_the_job_to_the_other_zone_not_to_ondemand(slurm_cluster):
+    """Zone a keeps free nodes throughout, but reclaims the job's node each time it runs there.
+    After each reclaim the job resumes in the spot pool with the lowest expected cost per unit of
+    work (price / speed x (1 + the pool's own reclaim rate x the hours a reclaim costs)): zone a
+    while its rate is low, zone b once its reclaims outweigh its lower price. Never on-demand,
+    and the work done before each reclaim is kept."""
+    config = re.sub(r'(\[pools\.spot-a\][^\[]*?price_per_gpu_hour = )"0\.35"', rf'\g<1>"{CHEAP_A}"', lab_config())
+    assert f'price_per_gpu_hour = "{CHEAP_A}"' in config
+    # Where the policy's choice turns: spot-a's expected cost reaches spot-b's (no reclaims there).
+    changeover_s = inspect.signature(job_view).parameters["changeover_s"].default  # the daemon's
+    per_reclaim_h = (changeover_s + DEFAULT_CHECKPOINT_INTERVAL_S / 2) / 3600
+    a_cost, b_cost = float(Fraction(CHEAP_A)), float(Fraction("1.10") / 3)
+    turn = (b_cost / a_cost - 1) / per_reclaim_h
+    assert 100 < turn < 200, turn  # reclaims per hour; the waits below are sized for it
+    with daemon_with_config(slurm_cluster, config, GBROKER_NODE_TICK_SECONDS="2") as d:
+        try:
+            admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
+            admin("group", "add", "vision", "--member", "alice")
+            blockers = [submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600") for _ in range(2)]
+            wait_owned_full(d, slurm_cluster, blockers)
+            base = user_dir(public_dir("gbroker-rezone-"), "alice")
+            ck, out = base / "ck", base / "result.json"
+            job = submit(d, "--kind", "finetune", "--gpus", "4", "--time", "30m", "--checkpoint-dir", str(ck),
+                         "--checkpoint-style", "signal", "--name", "rezone", "--", "python3",
+                         str(SRC / "examples" / "finetune.py"), "--steps", "60", "--step-seconds", "1",
+                         "--every", "1", "--out", str(out))
+            assert (job["partition"], job["capacity"]) == ("spot", "spot"), job
+            d.wait_job(job["id"], lambda j: j["state"] == "running", timeout=180)
+            # A first run long enough that one reclaim keeps zone a's rate under the turn
+            # (1 per 40 s = 90 per hour); the runs after it are reclaimed as soon as they start.
+            time.sleep(3600 / (turn / 1.5))
+            reclaims = 0
+            while True:
+                running = d.show(job["id"])
+                att = running["attempts"][-1]
+                assert att["partition"] == "spot" and att["state"] == "running", running
+                gone = slurm_cluster.run([str(slurm_cluster.devcluster), "reclaim", att["nodes"]], timeout=120)
+                assert gone.returncode == 0, gone.stderr
+                reclaims += 1
+                after = d.wait_job(job["id"], lambda j, n=reclaims: len(j["attempts"]) == n + 1, timeout=120)
+                spent = [a for a in after["attempts"] if a["state"] == "reclaimed"]
+                assert len(spent) == reclaims and all(a["partition"] == "spot" for a in spent), after
+                rate, went = _zone_a_rate(spent), after["attempts"][-1]["partition"]
+                assert went in ("spot", "spotb"), after  # spot somewhere, never on-demand
+                if abs(rate / turn - 1) > 0.15:  # clear of the turn, the choice follows the costs
+                    assert went == ("spot" if rate < turn else "spotb"), (rate, turn, after)
+                if went == "spotb":
+                    break
+                assert reclaims < 6, f"zone a's rate {rate:.0f}/h after {reclaims} reclaims: {after}"
+                d.wait_job(job["id"], lambda j, n=reclaims: len(j["attempts"]) == n + 1
+                           and j["attempts"][-1]["state"] == "running", timeout=180)
+            assert reclaims >= 2, "one reclaim should not have outweighed zone a's price"
+            done = d.wait_job(job["id"], lambda j: j["state"] == "completed", timeout=240)
+            assert [a["partition"] for a in done["attempts"]] == ["spot"] * reclaims + ["spotb"], done
+            assert done["attempts"][-1]["nodes"].startswith("spotb"), done
+            assert not any("ondemand" in (a["partition"] or "") for a in done["attempts"])
+            assert any("spot in spot-b" in e["message"] for e in done["events"]), done["events"]
+            result = json.loads(out.read_text())
+            assert result["step"] == 60 and result["attempts"][-1]["from_step"] > 0, result
+            for b in blockers:
+                ok(d.cli("cancel", str(b["id"])))
+        finally:
+            leave_lab_as_found(slurm_cluster)
 
 
 LEGACY = """\
