@@ -75,8 +75,9 @@ def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_c
     base = user_dir(public_dir("gbroker-od-"), "carol")
     r = d.cli(
         "submit", "--json", "--group", "climate", "--kind", "simulation", "--gpus", "4",
-        "--no-interruptible", "--time", "10m", "--", "sleep", "45", user="carol", cwd=base,
-    )
+        "--no-interruptible", "--time", "10m", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.2; done",
+        user="carol", cwd=base,
+    )  # runs until the test says go, after the reclaim beside it
     assert r.code == 0, r.err
     od_id = r.json()["id"]
     assert (r.json()["capacity"], r.json()["partition"]) == ("ondemand", "ondemand")
@@ -91,6 +92,7 @@ def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_c
     slurm_cluster.reclaim(_running_on(spot))
     d.wait_job(spot_id, lambda j: j["reclaims"] == 1, user="carol", timeout=60)
     assert d.show(od_id, user="carol")["state"] == "running", "the on-demand job ended before the reclaim"
+    (base / "go").touch()
     od = d.wait_job(od_id, lambda j: j["state"] == "completed", timeout=120, user="carol")
     assert [a["state"] for a in od["attempts"]] == ["completed"]
     assert od["reclaims"] == 0 and od["attempts"][0]["partition"] == "ondemand"
@@ -135,10 +137,12 @@ def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_
     d.wait_job(jobs[0]["id"], lambda j: j["state"] == "completed", timeout=120)
 
 
-def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, slurm_cluster):
+def test_slurmctld_down_for_many_ticks_marks_unknown_never_failed(broker_daemon, slurm_cluster):
+    # The controller is down for 25 ticks; one job ends while it is down (its end is learned
+    # from accounting afterwards), the other outlives the outage.
     d = broker_daemon
     ids = []
-    for seconds in ("40", "90"):
+    for seconds in ("15", "40"):
         r = d.cli("submit", "--json", "--group", "vision", "--time", "10m", "--", "sleep", seconds)
         assert r.code == 0, r.err
         ids.append(r.json()["id"])
@@ -146,14 +150,14 @@ def test_slurmctld_down_for_a_minute_marks_unknown_never_failed(broker_daemon, s
         d.wait_job(job_id, lambda j: j["state"] == "running")
     stop_controller(slurm_cluster)
     try:
-        t_end = time.monotonic() + 60
+        t_end = time.monotonic() + 25
         seen = set()
         while time.monotonic() < t_end:
             for job_id in ids:
                 state = d.show(job_id)["state"]
                 seen.add(state)
                 assert state not in ("failed", "completed", "cancelled"), state
-            time.sleep(3)
+            time.sleep(2)
         assert "unknown" in seen
         # The CLI still answers, and a submit is stored, not lost.
         r = d.cli("submit", "--json", "--group", "vision", "--time", "5m", "--", "sleep", "5")

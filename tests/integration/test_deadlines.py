@@ -34,9 +34,10 @@ def test_deadline_job_waiting_for_spot_falls_back_to_ondemand(broker_daemon, slu
             lambda: all(slurm_cluster.job_field(j, "JobState") == "RUNNING" for j in fillers), 180,
             what="spot filled by four 4-GPU jobs",
         )
-        deadline = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 300))
+        # Work 3 min, 100 s of slack: it waits on spot until the slack is about the changeover.
+        deadline = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 280))
         r = d.cli("submit", "--json", "--group", "vision", "--time", "3m", "--deadline", deadline,
-                  "--name", "due-soon", "--", "sleep", "20")
+                  "--name", "due-soon", "--", "sleep", "5")
         assert r.code == 0, r.err
         job_id = r.json()["id"]
         assert r.json()["capacity"] == "spot"
@@ -57,19 +58,21 @@ def test_deadline_job_running_on_spot_is_moved_to_ondemand_before_a_reclaim_coul
         broker_daemon, slurm_cluster):
     """The policy is asked at every tick while the job runs (as in the simulator), not only after a reclaim.
 
-    Work 2 min, deadline in 4.5 min, changeover 1 min: once less than 3 min are
-    left (after about 90 s on spot), a reclaim would leave too little time for
+    Work 2 min, deadline in 3.75 min, changeover 1 min: once less than 3 min are
+    left (after about 45 s), a reclaim would leave too little time for
     a rerun on on-demand, so gbroker requeues the job there while it still
-    fits. No reclaim happens.
+    fits. No reclaim happens. (The program itself ends at once on on-demand:
+    what is tested is the move, not a rerun's length.)
     """
     d = broker_daemon
     d.stop()
     d.start(GBROKER_POLICY="greedy")
     work_s = 120
-    deadline_ts = time.time() + 270
+    deadline_ts = time.time() + 225
     deadline = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(deadline_ts))
     r = d.cli("submit", "--json", "--group", "vision", "--time", "2m", "--deadline", deadline,
-              "--name", "due-later", "--", "bash", "-c", "trap '' USR1; sleep 100")  # no checkpoints: ignores the warning
+              "--name", "due-later", "--", "bash", "-c",  # no checkpoints: ignores the warning
+              "trap '' USR1; if [ \"$SLURM_JOB_PARTITION\" = ondemand ]; then sleep 2; else sleep 100; fi")
     assert r.code == 0, r.err
     job_id = r.json()["id"]
     assert r.json()["capacity"] == "spot"
