@@ -33,10 +33,12 @@ from test_nodes import _daemon, node_events, sacct_on_node, wait_for
 
 pytestmark = pytest.mark.slurm
 
-INCREMENT_S = 120
+INCREMENT_S = 75
+"""Long enough for two short jobs and an idle stretch inside one increment."""
 IDLE_S = 5
 TICK_S = 2
-MARGIN_S = 12  # min(max(2 ticks, 30 s), 10 % of 120 s)
+MARGIN_S = min(max(2 * TICK_S, 30), INCREMENT_S // 10)
+"""How long before the increment ends the node is released (broker/nodes/policy.py)."""
 SLACK_S = 3
 """Whole-second clocks and a busy 2-core machine, beyond one tick."""
 PER_NODE_SECOND = {"spot": 1000, "ondemand": 2000}  # micro-units: 4 GPUs x $0.90 / $1.80 per GPU-hour
