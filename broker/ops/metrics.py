@@ -146,8 +146,8 @@ class BrokerCollector(Collector):
         yield from self._money(s)
 
         out = GaugeMetricFamily("gbroker_outbox_messages", "Notifications in the outbox by state", labels=["state"])
-        for state, n in s.execute(select(OutboxMessage.state, func.count()).group_by(OutboxMessage.state)):
-            out.add_metric([state], n)
+        for ostate, n in s.execute(select(OutboxMessage.state, func.count()).group_by(OutboxMessage.state)):
+            out.add_metric([ostate], n)
         yield out
 
         info = GaugeMetricFamily("gbroker_lease_holder_info", "The daemon holding the lease now (from the database)",

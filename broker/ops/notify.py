@@ -121,12 +121,13 @@ def _budget(s: Session, data: dict[str, Any], ev: Event, currency: str) -> tuple
     group, semester, pct = str(data.get("group", "")), str(data.get("semester", "")), int(data.get("threshold_pct", 0))
     spent = amount = 0
     hooks: list[tuple[str, dict[str, Any]]] = []
+    budget: Budget | None = None
     try:
         g = budgets.group_named(s, group)
         sem = budgets.semester_named(s, semester)
-    except Exception:
-        g = sem = None
-    budget = budgets.budget_of(s, g.id, sem.id) if g is not None and sem is not None else None
+        budget = budgets.budget_of(s, g.id, sem.id)
+    except Exception:  # the group or semester is gone: tell the subscribers, without the budget's hooks
+        budget = None
     if budget is not None:
         fired = s.execute(select(BudgetAlert).where(BudgetAlert.budget_id == budget.id,
                                                     BudgetAlert.threshold_pct == pct)).scalars().first()
