@@ -4,8 +4,9 @@ The notify tick takes the due rows in order, delivers each outside any
 transaction or lock, and records the outcome: delivered, or one more try
 and the next one after an exponential backoff (``[notify] backoff_seconds``
 doubling up to ``backoff_max_seconds``), or dead after ``max_tries``. A
-target that fails is not tried again in the same tick, so its messages keep
-their order and a dead endpoint costs one timeout per tick. Delivery is at
+target's messages go in order: one that failed (or waits for its retry)
+holds back the target's later ones, so a dead endpoint costs one timeout per
+retry, not one per message. Delivery is at
 least once: a daemon killed between a send and its record sends that one
 message again after the restart; ``X-Gbroker-Delivery`` (the row id) lets a
 receiver drop the repeat.
@@ -42,6 +43,7 @@ from broker.state import Services, must_get
 log = logging.getLogger(__name__)
 
 DUE_BATCH = 100
+PENDING_BATCH = 2000
 MAX_ERROR = 500
 
 
@@ -57,13 +59,17 @@ def backoff(cfg: NotifySettings, tries: int) -> float:
 def deliver_due(svc: Services, now: datetime) -> tuple[int, int]:
     """Deliver what is due; returns (delivered, failed) counts."""
     with svc.sessions() as s:
-        due = [(m.id, m.target, m.target_json, m.payload_json, m.event) for m in s.execute(
-            select(OutboxMessage).where(OutboxMessage.state == OUTBOX_PENDING, OutboxMessage.next_at <= now)
-            .order_by(OutboxMessage.id).limit(DUE_BATCH)).scalars()]
-    failed_targets: set[str] = set()
+        pending = [(m.id, m.target, m.target_json, m.payload_json, m.event, m.next_at) for m in s.execute(
+            select(OutboxMessage).where(OutboxMessage.state == OUTBOX_PENDING)
+            .order_by(OutboxMessage.id).limit(PENDING_BATCH)).scalars()]
+    # Per target, in order: a message waiting for its retry holds back the target's later ones.
+    blocked: set[str] = set()
     done = failed = 0
-    for msg_id, name, target_json, payload_json, event in due:
-        if name in failed_targets:
+    for msg_id, name, target_json, payload_json, event, next_at in pending:
+        if name in blocked:
+            continue
+        if next_at > now or done + failed >= DUE_BATCH:
+            blocked.add(name)
             continue
         error = ""
         try:
@@ -73,7 +79,7 @@ def deliver_due(svc: Services, now: datetime) -> tuple[int, int]:
         _record(svc, msg_id, error, svc.clock.now())
         if error:
             failed += 1
-            failed_targets.add(name)
+            blocked.add(name)
         else:
             done += 1
     return done, failed
