@@ -24,7 +24,7 @@ class OutboxMessage(Base):
     """One notification for one target, until it is delivered (or given up after ``max_tries``)."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_state_next_at", "state", "next_at"),)
+    __table_args__ = (Index("ix_outbox_status_next_at", "status", "next_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     dedupe_key: Mapped[str] = mapped_column(String(160), unique=True)
@@ -36,7 +36,8 @@ class OutboxMessage(Base):
     target_json: Mapped[str] = mapped_column(Text)
     """{"name": ...} for a settings target (its secret stays in the settings), or a budget's own hook."""
     payload_json: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16), default=OUTBOX_PENDING)
+    status: Mapped[str] = mapped_column(String(16), default=OUTBOX_PENDING)
+    """pending, delivered or dead (a message's delivery status; not a job state)."""
     tries: Mapped[int] = mapped_column(Integer, default=0)
     next_at: Mapped[datetime]
     created_at: Mapped[datetime]

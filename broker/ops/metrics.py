@@ -146,7 +146,7 @@ class BrokerCollector(Collector):
         yield from self._money(s)
 
         out = GaugeMetricFamily("gbroker_outbox_messages", "Notifications in the outbox by state", labels=["state"])
-        for ostate, n in s.execute(select(OutboxMessage.state, func.count()).group_by(OutboxMessage.state)):
+        for ostate, n in s.execute(select(OutboxMessage.status, func.count()).group_by(OutboxMessage.status)):
             out.add_metric([ostate], n)
         yield out
 

@@ -185,7 +185,7 @@ def _add(s: Session, key: str, event: str, event_id: int | None, targets: list[t
             continue
         s.add(OutboxMessage(dedupe_key=dedupe, event=event, event_id=event_id, target=name,
                             target_json=json.dumps(target, sort_keys=True), payload_json=json.dumps(payload),
-                            state="pending", tries=0, next_at=now, created_at=now, last_error=""))
+                            status="pending", tries=0, next_at=now, created_at=now, last_error=""))
         made += 1
     if made:
         s.flush()

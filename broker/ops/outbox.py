@@ -60,7 +60,7 @@ def deliver_due(svc: Services, now: datetime) -> tuple[int, int]:
     """Deliver what is due; returns (delivered, failed) counts."""
     with svc.sessions() as s:
         pending = [(m.id, m.target, m.target_json, m.payload_json, m.event, m.next_at) for m in s.execute(
-            select(OutboxMessage).where(OutboxMessage.state == OUTBOX_PENDING)
+            select(OutboxMessage).where(OutboxMessage.status == OUTBOX_PENDING)
             .order_by(OutboxMessage.id).limit(PENDING_BATCH)).scalars()]
     # Per target, in order: a message waiting for its retry holds back the target's later ones.
     blocked: set[str] = set()
@@ -91,12 +91,12 @@ def _record(svc: Services, msg_id: int, error: str, now: datetime) -> None:
         m = must_get(s, OutboxMessage, msg_id)
         m.tries += 1
         if not error:
-            m.state, m.delivered_at, m.last_error = OUTBOX_DELIVERED, now, ""
+            m.status, m.delivered_at, m.last_error = OUTBOX_DELIVERED, now, ""
             log.info("notification %s (%s) delivered to %s", m.id, m.event, m.target)
             return
         m.last_error = error[:MAX_ERROR]
         if m.tries >= cfg.max_tries:
-            m.state = OUTBOX_DEAD
+            m.status = OUTBOX_DEAD
             log.error("notification %s (%s) to %s given up after %s tries: %s", m.id, m.event, m.target,
                       m.tries, m.last_error)
             return

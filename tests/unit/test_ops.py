@@ -116,7 +116,7 @@ def test_a_webhook_that_is_down_gets_every_message_once_when_back_even_after_a_r
     first = rows(world)
     assert sorted(m.event for m in first) == ["job.completed", "job.failed"]
     # One try per tick for a target that fails: its other message waits, keeping the order.
-    assert [m.tries for m in first] == [1, 0] and all(m.state == "pending" for m in first)
+    assert [m.tries for m in first] == [1, 0] and all(m.status == "pending" for m in first)
     assert "Connection refused" in first[0].last_error
     world.advance(5)
     outbox.tick(world.svc)  # not due yet (backoff 10 s)
@@ -134,7 +134,7 @@ def test_a_webhook_that_is_down_gets_every_message_once_when_back_even_after_a_r
         outbox.tick(world.svc)
         world.advance(60)
         outbox.tick(world.svc)
-        assert [m.state for m in rows(world)] == ["delivered", "delivered"]
+        assert [m.status for m in rows(world)] == ["delivered", "delivered"]
         bodies = [json.loads(body) for _, body in hook.got]
         assert sorted(b["event"] for b in bodies) == ["job.completed", "job.failed"]  # once each
         for headers, body in hook.got:
@@ -163,7 +163,7 @@ def test_backoff_doubles_up_to_its_ceiling_and_a_message_is_given_up_after_max_t
     world.advance(11)
     outbox.tick(world.svc)
     (m,) = rows(world)
-    assert (m.state, m.tries) == ("dead", 2)
+    assert (m.status, m.tries) == ("dead", 2)
 
 
 def test_only_subscribed_users_and_groups_are_told(world: World) -> None:
@@ -192,7 +192,7 @@ def test_a_budget_alert_reaches_its_own_webhook_through_the_outbox_after_it_was_
     world.slurm.finish(sid)
     world.tick()
     outbox.tick(world.svc)
-    assert [(m.event, m.state, m.tries) for m in rows(world)] == [("budget.threshold", "pending", 1)]
+    assert [(m.event, m.status, m.tries) for m in rows(world)] == [("budget.threshold", "pending", 1)]
     hook.up()
     try:
         world.advance(31)

@@ -35,7 +35,7 @@ def upgrade() -> None:
         sa.Column("target", sa.String(length=64), nullable=False),
         sa.Column("target_json", sa.Text(), nullable=False),
         sa.Column("payload_json", sa.Text(), nullable=False),
-        sa.Column("state", sa.String(length=16), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("tries", sa.Integer(), nullable=False),
         sa.Column("next_at", TZ, nullable=False),
         sa.Column("created_at", TZ, nullable=False),
@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox")),
         sa.UniqueConstraint("dedupe_key", name=op.f("uq_outbox_dedupe_key")),
     )
-    op.create_index("ix_outbox_state_next_at", "outbox", ["state", "next_at"])
+    op.create_index("ix_outbox_status_next_at", "outbox", ["status", "next_at"])
     op.create_table(
         "notify_cursor",
         sa.Column("name", sa.String(length=64), nullable=False),
@@ -56,5 +56,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("notify_cursor")
-    op.drop_index("ix_outbox_state_next_at", table_name="outbox")
+    op.drop_index("ix_outbox_status_next_at", table_name="outbox")
     op.drop_table("outbox")
