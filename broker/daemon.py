@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -91,6 +92,12 @@ class Daemon:
     # -- life cycle --------------------------------------------------------
     def start(self, wait_for_lease: bool = False) -> None:
         check_private(self.settings.db_url)
+        metrics = self.settings.metrics
+        if metrics.enabled:
+            # Bound first: a port in use stops the start before the lease is taken, and a daemon
+            # waiting for the lease (--wait) answers /readyz with "not ready" meanwhile.
+            self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port)
+            self.ops.start()
         self.services.migrate()
         self.acquire_lease(wait_for_lease)
         tick = self.settings.tick_seconds
@@ -118,10 +125,6 @@ class Daemon:
         )
         self.server = ApiServer(self.settings.socket, handlers(self.services, self.nodes), self.settings.admin_group)
         self.server.serve_in_thread()
-        metrics = self.settings.metrics
-        if metrics.enabled:
-            self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port)
-            self.ops.start()
         watchdog = systemd.watchdog_interval()
         if watchdog is not None:
             self.scheduler.add_job(self._watchdog, "interval", seconds=watchdog, id="watchdog", max_instances=1,
@@ -156,7 +159,7 @@ class Daemon:
         """SIGHUP: the settings file again; what can change at run time changes (broker/ops/reload.py)."""
         from broker.config import load_settings
 
-        systemd.notify("RELOADING=1")
+        systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
         merged = reload_settings(self.settings, lambda: load_settings(self.config_path, overrides=self.overrides))
         self.settings = merged
         self.services.settings = merged

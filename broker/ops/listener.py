@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from broker.errors import ConfigError
 from broker.ops.health import readiness
 from broker.ops.metrics import registry
 from broker.ops.stats import DaemonStats
@@ -37,7 +38,12 @@ class OpsListener:
         self.registry = registry(svc, stats)
         handler = _handler(self)
         server_cls: Any = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
-        self.server: _Server = server_cls((host, port), handler)
+        try:
+            self.server: _Server = server_cls((host, port), handler)
+        except OSError as exc:
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            raise ConfigError(f"cannot listen on {shown} for metrics: {exc.strerror or exc}",
+                              hint="another program has the port: pick another [metrics] listen, or stop it") from None
         self.thread: threading.Thread | None = None
 
     @property

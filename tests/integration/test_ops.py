@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import re
+import signal
 import socket
 import threading
 import time
@@ -146,9 +147,18 @@ def test_metrics_after_a_reclaim_health_and_a_webhook_down_across_a_restart(slur
         assert sample(text, "gbroker_outbox_messages", state="pending") >= 2
         assert sample(text, "gbroker_outbox_messages", state="delivered") == 0
 
-        # (b) A daemon restart while the hook is still down, then the hook comes back.
+        # (b) A daemon restart while the hook is still down, then the hook comes back. This time the
+        # daemon runs as under systemd: a notify socket, a watchdog, journald's stream.
         d.stop()
-        d.start()
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify_path = d.workdir.parent / "notify.sock"
+        notify.bind(str(notify_path))
+        notify.settimeout(10)
+        d.start(NOTIFY_SOCKET=str(notify_path), WATCHDOG_USEC="2000000", JOURNAL_STREAM="8:1")
+        said = [notify.recv(4096).decode() for _ in range(2)]
+        notify.close()
+        assert sorted(m.split("\n")[0] for m in said) == ["READY=1", "WATCHDOG=1"], said
+        assert any(ln.startswith("<6>broker.daemon: gbroker daemon up") for ln in d.log_tail(200).splitlines())
         hook.up()
         try:
             got = wait_for("every notification delivered", lambda: (
@@ -177,4 +187,21 @@ def test_metrics_after_a_reclaim_health_and_a_webhook_down_across_a_restart(slur
         finally:
             start_controller(slurm_cluster)
         wait_for("ready again", lambda: get(port, "/readyz")[0] == 200, 120, d)
+
+        # SIGHUP: a broken file changes nothing; a good one applies what can change and names the rest.
+        cfg = d.workdir.parent / "gbroker.toml"
+        good = cfg.read_text()
+        cfg.write_text('timezone = "Mars/Olympus"\n' + good)
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for("reload refused", lambda: "reload refused, keeping the running settings" in d.log_tail(), 10, d)
+        assert "timezone = 'Mars/Olympus' is not a time zone" in d.log_tail()
+        cfg.write_text('timezone = "Europe/Berlin"\n' + good.replace("ready_tick_age_seconds = 10",
+                                                                     "ready_tick_age_seconds = 20")
+                       .replace(f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"))
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for("reloaded", lambda: "settings reloaded: timezone, metrics.ready_tick_age_seconds" in d.log_tail(),
+                 10, d)
+        assert "restart the daemon to apply): metrics.listen" in d.log_tail()
+        assert get(port, "/readyz")[0] == 200  # still on the port it started with
         print(f"ops integration: {time.monotonic() - t0:.1f}s")
