@@ -44,6 +44,11 @@ def iso(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def money_text(micros: int, currency: str) -> str:
+    """``$1,234.50`` for USD (as the CLI writes it), else ``EUR 1,234.50``."""
+    return format_money(micros) if currency == "USD" else format_money(micros, currency=f"{currency} ")
+
+
 def classify(ev: Event) -> list[str]:
     """The notification events an event-log row stands for (most stand for none)."""
     data = json.loads(ev.data_json or "{}")
@@ -137,7 +142,7 @@ def _budget(s: Session, data: dict[str, Any], ev: Event, currency: str) -> tuple
     payload = {
         "event": "budget.threshold", "text": f"gbroker: {ev.message}", "at": iso(ev.at), "message": ev.message,
         "currency": currency, "group": group, "semester": semester, "threshold_pct": pct,
-        "spent_micros": spent, "amount_micros": amount, "spent": format_money(spent), "amount": format_money(amount),
+        "spent_micros": spent, "amount_micros": amount, "spent": money_text(spent, currency), "amount": money_text(amount, currency),
     }
     return payload, hooks
 

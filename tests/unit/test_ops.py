@@ -205,6 +205,13 @@ def test_a_budget_alert_reaches_its_own_webhook_through_the_outbox_after_it_was_
         hook.down()
 
 
+def test_money_in_notifications_names_the_lab_currency() -> None:
+    from broker.ops.notify import money_text
+
+    assert money_text(1_234_500_000, "USD") == "$1,234.50"
+    assert money_text(60_000, "EUR") == "EUR 0.06"
+
+
 def test_deadline_at_risk_is_told_once(world: World) -> None:
     hook = Hook()
     with_notify(world, hook.url)
