@@ -127,7 +127,7 @@ def test_metrics_after_a_reclaim_health_and_a_webhook_down_across_a_restart(slur
 
         # A spot job (the whole node, so the reclaim touches nobody else's job), reclaimed while it runs.
         r = d.cli("submit", "--json", "--group", "vision", "--gpus", "4", "--time", "10m", "--name", "ops-reclaim",
-                  "--", "sleep", "15")
+                  "--", "sleep", "10")
         assert r.code == 0, r.err
         job = r.json()
         running = d.wait_job(job["id"], lambda j: j["state"] == "running", timeout=180)

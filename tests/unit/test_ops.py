@@ -427,3 +427,32 @@ def test_journald_lines_carry_the_syslog_priority() -> None:
     assert handler.format(rec) == "<4>broker.x: two\n<4>lines"
     plain = systemd.log_handler({})
     assert not plain.format(rec).startswith("<")
+
+
+def test_the_listener_serves_three_read_only_pages_and_says_when_its_port_is_taken(world: World) -> None:
+    import urllib.error
+    import urllib.request
+
+    from broker.ops.listener import OpsListener
+
+    stats = DaemonStats()
+    ops = OpsListener(world.svc, stats, "127.0.0.1", 0)
+    ops.start()
+    base = f"http://127.0.0.1:{ops.address[1]}"
+    try:
+        with urllib.request.urlopen(base + "/healthz") as r:
+            assert (r.status, r.read()) == (200, b"ok\n")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "/readyz")
+        assert e.value.code == 503 and json.loads(e.value.read())["checks"]["lease"] != "ok"
+        with urllib.request.urlopen(base + "/metrics") as r:
+            assert r.headers["Content-Type"].startswith("text/plain") and b"gbroker_database_up 1.0" in r.read()
+        for path, method, code in (("/etc/passwd", "GET", 404), ("/metrics", "POST", 405)):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"" if method ==
+                                                              "POST" else None))
+            assert e.value.code == code
+        with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1:\d+ for metrics"):
+            OpsListener(world.svc, stats, "127.0.0.1", ops.address[1])
+    finally:
+        ops.stop()
