@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
+from broker.opsconfig import MetricsSettings, NotifySettings, parse_metrics, parse_notify
 from broker.pools.catalog import CLASSES, Billing, Catalog, Pool, check_unique, legacy_pools, parse_pools
 
 DEFAULT_CONFIG_PATH = Path("/etc/gbroker/gbroker.toml")
@@ -152,6 +153,20 @@ class Settings:
     """JSON of the ``[providers.<name>]`` tables (kept as text so Settings stays hashable)."""
     pools: tuple[Pool, ...] = ()
     """``[pools.<name>]`` tables; empty: the two pools of ``[partitions]`` (``legacy_pools``)."""
+    timezone: str = "UTC"
+    """The lab's IANA time zone: a written date (a semester's first and last day) is local midnight."""
+    currency: str = "USD"
+    """ISO 4217 code of the lab's money (metrics labels, notifications, ``config check``)."""
+    metrics: MetricsSettings = MetricsSettings()
+    """``[metrics]``: the opt-in TCP listener (/metrics, /healthz, /readyz; docs/OPERATIONS.md)."""
+    notify: NotifySettings = NotifySettings()
+    """``[notify]``: notification targets and subscriptions, delivered through the outbox."""
+
+    def zone(self) -> Any:
+        """The lab's time zone as a ``tzinfo``."""
+        from zoneinfo import ZoneInfo
+
+        return ZoneInfo(self.timezone)
 
     def catalog(self) -> Catalog:
         """The pool catalog: the one partition -> pool map."""
@@ -233,6 +248,8 @@ _ENV = {
     "GBROKER_NODE_PROVIDER": "node_provider",
     "GBROKER_NODE_SWEEP_GRACE_SECONDS": "node_sweep_grace_seconds",
     "GBROKER_NODE_JOURNAL": "node_journal",
+    "GBROKER_TIMEZONE": "timezone",
+    "GBROKER_CURRENCY": "currency",
 }
 
 
@@ -307,7 +324,8 @@ def _providers(value: Any, source: str) -> str:
 
 
 def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings", "pools"}
+    known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings", "pools",
+                                                  "metrics", "notify"}
     out: dict[str, Any] = {}
     if "pools" in data and "partitions" in data:
         raise ConfigError(f"{source}: [pools] and [partitions] both map partitions",
@@ -321,6 +339,12 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
             continue
         if key == "providers":
             out["node_provider_settings"] = _providers(value, source)
+            continue
+        if key == "metrics":
+            out["metrics"] = parse_metrics(value, source)
+            continue
+        if key == "notify":
+            out["notify"] = parse_notify(value, source)
             continue
         if key == "partitions":
             if not isinstance(value, dict):
@@ -342,7 +366,24 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "slurm_bin_dir" in out and not str(out["slurm_bin_dir"]).startswith("/"):
         raise ConfigError(f"{source}: slurm_bin_dir must be an absolute path, not {out['slurm_bin_dir']!r}",
                           hint="e.g. slurm_bin_dir = \"/usr/bin\"")
+    if "timezone" in out:
+        _check_zone(out["timezone"], source)
+    if "currency" in out and not (len(out["currency"]) == 3 and out["currency"].isascii()
+                                  and out["currency"].isupper()):
+        raise ConfigError(f"{source}: currency = {out['currency']!r} is not an ISO 4217 code",
+                          hint='three capital letters, e.g. currency = "EUR"')
     return out
+
+
+def _check_zone(name: str, source: str) -> None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"{source}: timezone = {name!r} is not a time zone",
+                          hint='give an IANA name, e.g. timezone = "Europe/Berlin" (see timedatectl list-timezones)'
+                          ) from None
 
 
 def load_settings(

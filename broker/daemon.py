@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -21,6 +22,10 @@ from broker.config import MIGRATE_HINT, Settings
 from broker.db.engine import check_private
 from broker.errors import BrokerError
 from broker.nodes.manager import NodeManager
+from broker.ops import systemd
+from broker.ops.listener import OpsListener
+from broker.ops.reload import reload_settings
+from broker.ops.stats import CountingBackend, DaemonStats
 from broker.state import Services
 from broker.wiring import build_services, handlers, periodic_ticks, reconcile_tick
 
@@ -37,11 +42,21 @@ class Daemon:
     def __init__(self, settings: Settings, services: Services | None = None) -> None:
         self.settings = settings
         self.services = services or build_services(settings)
+        self.stats = DaemonStats()
+        """Tick times, Slurm call errors, the lease: for /metrics and /readyz (broker/ops)."""
+        if not isinstance(self.services.backend, CountingBackend):
+            self.services.backend = CountingBackend(self.services.backend, self.stats)  # type: ignore[assignment]
         self.nodes = NodeManager(self.services)
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.stopping = threading.Event()
+        self.reload_asked = threading.Event()
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.server: ApiServer | None = None
+        self.ops: OpsListener | None = None
+        self.config_path: str | None = None
+        """The settings file SIGHUP reads again (None: the default, or $GBROKER_CONFIG)."""
+        self.overrides: dict[str, Any] = {}
+        """The command line's settings, applied again over a reloaded file."""
 
     # -- lease -------------------------------------------------------------
     def acquire_lease(self, wait: bool) -> None:
@@ -50,9 +65,11 @@ class Daemon:
             holder = self.services.try_lease(LEASE_NAME, self.holder, ttl)
             if holder is None:
                 log.info("lease %r acquired by %s", LEASE_NAME, self.holder)
+                self.stats.lease_ok(self.holder)
                 return
             if holder_is_dead(holder) and self.services.take_over_lease(LEASE_NAME, holder, self.holder, ttl):
                 log.warning("took the lease over from %s, a daemon on this host that is gone", holder)
+                self.stats.lease_ok(self.holder)
                 return
             if not wait:
                 raise LeaseHeld(
@@ -67,16 +84,25 @@ class Daemon:
         if self.services.try_lease(LEASE_NAME, self.holder, self.settings.lease_ttl_seconds) is not None:
             # Someone else took the database over: a second writer would corrupt the ledger.
             log.error("lost the daemon lease; stopping")
+            self.stats.lease_gone()
             self.stop()
+            return
+        self.stats.lease_ok(self.holder)
 
     # -- life cycle --------------------------------------------------------
     def start(self, wait_for_lease: bool = False) -> None:
         check_private(self.settings.db_url)
+        metrics = self.settings.metrics
+        if metrics.enabled:
+            # Bound first: a port in use stops the start before the lease is taken, and a daemon
+            # waiting for the lease (--wait) answers /readyz with "not ready" meanwhile.
+            self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port)
+            self.ops.start()
         self.services.migrate()
         self.acquire_lease(wait_for_lease)
         tick = self.settings.tick_seconds
         self.scheduler.add_job(
-            reconcile_tick(self.services),
+            self.stats.timed("reconcile", reconcile_tick(self.services)),
             "interval",
             seconds=tick,
             id="reconcile",
@@ -86,7 +112,8 @@ class Daemon:
         )
         for job_id, func, seconds in periodic_ticks(self.services, self.nodes):
             self.scheduler.add_job(
-                func, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True
+                self.stats.timed(job_id, func), "interval", seconds=seconds, id=job_id, max_instances=1,
+                coalesce=True,
             )
         self.scheduler.add_job(
             self._renew_lease,
@@ -98,6 +125,10 @@ class Daemon:
         )
         self.server = ApiServer(self.settings.socket, handlers(self.services, self.nodes), self.settings.admin_group)
         self.server.serve_in_thread()
+        watchdog = systemd.watchdog_interval()
+        if watchdog is not None:
+            self.scheduler.add_job(self._watchdog, "interval", seconds=watchdog, id="watchdog", max_instances=1,
+                                   coalesce=True)
         self.scheduler.start()
         # First tick at once, so a restarted daemon adopts what it finds without delay.
         self.scheduler.modify_job("reconcile", next_run_time=_now())
@@ -112,6 +143,27 @@ class Daemon:
         log.info("pools: %s", ", ".join(f"{p.name} ({p.capacity}, {p.partition})" for p in pools))
         if not self.settings.pools:
             log.info(MIGRATE_HINT)
+        systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {self.settings.socket}")
+
+    def _watchdog(self) -> None:
+        """WATCHDOG=1 while the reconcile tick keeps finishing: a wedged scheduler gets the daemon restarted."""
+        from broker.ops.health import max_tick_age
+
+        age = self.stats.tick_age("reconcile")
+        if age is None or age <= max_tick_age(self.services) * 2:
+            systemd.notify("WATCHDOG=1")
+        else:
+            log.error("reconcile tick has not finished for %.0fs; withholding the systemd watchdog ping", age)
+
+    def reload(self) -> None:
+        """SIGHUP: the settings file again; what can change at run time changes (broker/ops/reload.py)."""
+        from broker.config import load_settings
+
+        systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        merged = reload_settings(self.settings, lambda: load_settings(self.config_path, overrides=self.overrides))
+        self.settings = merged
+        self.services.settings = merged
+        systemd.notify("READY=1")
 
     def stop(self, *_: Any) -> None:
         if self.stopping.is_set():
@@ -120,6 +172,9 @@ class Daemon:
 
     def shutdown(self) -> None:
         log.info("stopping: waiting for the running tick to finish")
+        systemd.notify("STOPPING=1")
+        if self.ops is not None:
+            self.ops.stop()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -131,10 +186,13 @@ class Daemon:
     def run_forever(self, wait_for_lease: bool = False) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGHUP, lambda *_: self.reload_asked.set())
         self.start(wait_for_lease)
         try:
-            while not self.stopping.wait(1.0):
-                pass
+            while not self.stopping.wait(0.5):
+                if self.reload_asked.is_set():
+                    self.reload_asked.clear()
+                    self.reload()
         finally:
             self.shutdown()
 

@@ -6,10 +6,11 @@ Accepted forms:
 * a time relative to now: ``+`` or ``-`` and a duration in the grammar of
   ``broker.durations`` (``+10m``, ``-7d``, ``+1h30m``; a bare number is
   minutes, as in Slurm: ``+90``);
-* a date, ``2026-09-01``: midnight UTC at its start, or with ``end_of_day``
-  the first second of the next day (as for a semester's last day);
+* a date, ``2026-09-01``: midnight at its start in ``tz`` (UTC unless the
+  caller passes the lab's zone), or with ``end_of_day`` the first second of
+  the next day (as for a semester's last day);
 * an ISO-8601 date-time, ``2026-09-01T08:00:00Z`` or with an offset; without
-  one it is UTC.
+  one it is in ``tz``.
 
 The answer is timezone-aware and exact; callers round or convert it as their
 field needs. Standard library only.
@@ -17,14 +18,14 @@ field needs. Standard library only.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, tzinfo
 
 from broker.durations import parse_duration
 
 FORMS_HINT = "write 2026-09-01, 2026-09-01T08:00:00Z, now, +10m or -7d"
 
 
-def parse_when(text: str, now: datetime, *, end_of_day: bool = False) -> datetime:
+def parse_when(text: str, now: datetime, *, end_of_day: bool = False, tz: tzinfo = UTC) -> datetime:
     """``text`` as a point in time; ``now`` anchors ``now`` and relative times.
 
     Raises ValueError with a short reason when ``text`` is none of the forms
@@ -43,9 +44,10 @@ def parse_when(text: str, now: datetime, *, end_of_day: bool = False) -> datetim
             except ValueError:
                 pass  # not a date; perhaps a compact date-time
             else:
-                out = datetime(d.year, d.month, d.day, tzinfo=UTC)
-                return out + timedelta(days=1) if end_of_day else out
+                if end_of_day:
+                    d += timedelta(days=1)  # the next day's midnight, in the zone (a day may be 23 or 25 h)
+                return datetime(d.year, d.month, d.day, tzinfo=tz)
         when = datetime.fromisoformat(t)
     except OverflowError:
         raise ValueError(f"{text!r} is out of range") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return when if when.tzinfo is not None else when.replace(tzinfo=tz)

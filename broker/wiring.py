@@ -23,6 +23,7 @@ from broker.money import ledger
 from broker.nodes import manager
 from broker.nodes.handlers import handlers as node_handlers
 from broker.nodes.manager import NodeManager
+from broker.ops import outbox
 from broker.slurm import make_backend
 from broker.slurm.runner import Runner
 from broker.state import Services
@@ -54,8 +55,8 @@ def reconcile_tick(svc: Services) -> Callable[[], None]:
 
 
 def periodic_ticks(svc: Services, nodes: NodeManager) -> list[Tick]:
-    """The ticks beside reconcile: the ledger's and the nodes'."""
-    return [*ledger.ticks(svc), *manager.ticks(nodes)]
+    """The ticks beside reconcile: the ledger's, the nodes' and the notification outbox's."""
+    return [*ledger.ticks(svc), *manager.ticks(nodes), *outbox.ticks(svc)]
 
 
 def handlers(svc: Services, nodes: NodeManager) -> dict[str, Handler]:

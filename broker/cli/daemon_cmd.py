@@ -36,22 +36,22 @@ def daemon(
     # Everything the daemon creates (database, journals, logs) is private by default;
     # what it runs as a user gets the usual umask back (broker.proc).
     os.umask(0o077)
-    logging.basicConfig(
-        level=getattr(logging, log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from broker.ops.systemd import log_handler
+
+    # Under systemd each line carries its syslog priority (<3> for errors): `journalctl -p err` finds them.
+    logging.basicConfig(level=getattr(logging, log_level), handlers=[log_handler()])
     for noisy in ("apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from broker.config import load_settings
     from broker.daemon import Daemon
 
-    settings = load_settings(
-        ctx.config_path,
-        overrides={
-            "db_url": db_url,
-            "policy": policy,
-            "tick_seconds": tick_seconds,
-            "socket": ctx._socket,
-        },
-    )
-    Daemon(settings).run_forever(wait_for_lease=wait_for_lease)
+    overrides = {
+        "db_url": db_url,
+        "policy": policy,
+        "tick_seconds": tick_seconds,
+        "socket": ctx._socket,
+    }
+    settings = load_settings(ctx.config_path, overrides=overrides)
+    d = Daemon(settings)
+    d.config_path, d.overrides = ctx.config_path, overrides  # what SIGHUP reads again
+    d.run_forever(wait_for_lease=wait_for_lease)

@@ -48,6 +48,7 @@ LAZY_COMMANDS = {
     "budget": "broker.cli.admin:budget",
     "report": "broker.cli.report:report",
     "pools": "broker.cli.pools:pools",
+    "config": "broker.cli.config_cmd:config",
 }
 
 

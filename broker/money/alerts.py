@@ -1,10 +1,17 @@
 """Budget alerts: a log line always, then the budget's hook (a command, a webhook URL, or both).
 
-Hooks run in a background thread with a timeout, so a slow webhook never
-delays the ledger tick. The command gets the alert as JSON on stdin and as
-GBROKER_ALERT_* environment variables; it is an argv list (no shell), and it
-runs as the configured ``hook_user`` (``nobody`` unless root's config file
-says otherwise), never as the daemon's root.
+The hooks are delivered through the notification outbox (``broker/ops/``):
+the ledger tick writes a ``budget_alert`` event in the transaction that
+records the alert, the notify tick turns it into outbox rows for the
+budget's hooks and the ``budget.threshold`` subscriptions, and delivers them
+with retries, so a webhook that is down gets the alert when it is back and
+a daemon restart loses none. ``fire`` logs; it no longer sends.
+
+``run_command`` and ``post_webhook`` stay for callers that send at once. The
+command gets the alert as JSON on stdin and as GBROKER_ALERT_* environment
+variables; it is an argv list (no shell), and it runs as the configured
+``hook_user`` (``nobody`` unless root's config file says otherwise), never as
+the daemon's root.
 """
 
 from __future__ import annotations
@@ -81,13 +88,11 @@ def post_webhook(url: str, alert: Alert) -> None:
 
 def fire(alert: Alert, command: list[str] | None, url: str | None, run_as: str,
          spawn: Callable[[Callable[[], None]], None] | None = None) -> None:
-    """Log the alert and start its hooks (in a thread unless ``spawn`` says otherwise)."""
-    log.warning("budget alert: %s", alert.message)
-    start = spawn or _in_thread
-    if command:
-        start(lambda: run_command(command, alert, run_as))
-    if url:
-        start(lambda: post_webhook(url, alert))
+    """Log the alert. Its hooks (``command``, ``url``) are sent by the outbox from the ``budget_alert``
+    event (``broker/ops/notify.py``), with retries; they are named here for the log only."""
+    hooks = [h for h in (f"command {command[0]}" if command else "", f"webhook {url}" if url else "") if h]
+    log.warning("budget alert: %s%s", alert.message, f" (notifying {', '.join(hooks)} through the outbox)"
+                if hooks else "")
 
 
 def _in_thread(fn: Callable[[], None]) -> None:

@@ -13,7 +13,7 @@ import io
 import json
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -81,7 +81,7 @@ def _check_args(fn: Callable[..., Any], args: dict[str, Any]) -> None:
         raise SpecError(f"bad request: {exc}", hint="client and daemon versions may differ") from None
 
 
-def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False) -> datetime:
+def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False, tz: tzinfo = UTC) -> datetime:
     """A request's time field (the forms of ``broker.timeparse``) in UTC, whole seconds.
 
     ``end_of_day``: a bare date means the end of that day (the first second of
@@ -90,7 +90,7 @@ def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False
     if not isinstance(text, str) or not text.strip():
         raise SpecError(f"{field}: give a date or time, e.g. 2026-09-01 or 2026-09-01T08:00:00Z")
     try:
-        when = timeparse.parse_when(text, now, end_of_day=end_of_day).astimezone(UTC)
+        when = timeparse.parse_when(text, now, end_of_day=end_of_day, tz=tz).astimezone(UTC)
     except (ValueError, OverflowError):
         raise SpecError(
             f"{field}: {text!r} is not a date or time",
@@ -131,8 +131,10 @@ def _iso(dt: datetime | None) -> str | None:
 # -- semesters --------------------------------------------------------------------
 def semester_add(s: Session, svc: Services, caller: Caller, now: datetime, *, name: str, start: str, end: str) -> dict[str, Any]:
     name = _name(name, "semester name")
-    starts = parse_when(start, now, field="start")
-    ends = parse_when(end, now, field="end", end_of_day=True)
+    # A semester's days are the lab's: local midnight in the settings' time zone.
+    zone = svc.settings.zone()
+    starts = parse_when(start, now, field="start", tz=zone)
+    ends = parse_when(end, now, field="end", end_of_day=True, tz=zone)
     if ends <= starts:
         raise SpecError(f"semester {name}: ends ({_iso(ends)}) before it starts ({_iso(starts)})")
     if s.execute(select(Semester).where(Semester.name == name)).scalar_one_or_none() is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from broker.errors import AdmissionRefused, PermissionDenied, SpecError
+from broker.ops import outbox
 from ledger_fakes import ROOT, World, caller, setup_lab
 
 
@@ -223,6 +224,7 @@ def test_thresholds_alert_once_each_with_log_and_hook(world: World, caplog: pyte
     world.slurm.finish(sid)
     world.tick()
     world.tick()
+    outbox.tick(world.svc)  # the alerts' hooks go through the notification outbox
     fired = _wait_for_lines(out, 2)
     assert [ln.split()[0] for ln in fired] == ["50", "80"]  # 84 %: 80 once, 50 not again, 100 not yet
     assert fired[0] == "50 vision" and fired[1] == "80 vision"
@@ -273,6 +275,7 @@ def test_webhook_alert_is_posted(world: World) -> None:
         world.advance(60)
         world.slurm.finish(sid)
         world.tick()
+        outbox.tick(world.svc)
         import time
 
         deadline = time.monotonic() + 10

@@ -1,0 +1,81 @@
+"""`gbroker config check`: load a settings file as the daemon would, and print what it resolves to."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, fields
+from typing import Any
+
+import click
+
+from broker.cli.main import Context
+
+pass_ctx = click.make_pass_decorator(Context)
+
+SECRET_FIELDS = ("db_url",)
+
+
+@click.group("config")
+def config() -> None:
+    """The daemon's settings file."""
+
+
+@config.command("check")
+@click.argument("path", required=False, metavar="FILE")
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved settings as JSON.")
+@pass_ctx
+def check(ctx: Context, path: str | None, as_json: bool) -> None:
+    """Check FILE (default: --config, $GBROKER_CONFIG or /etc/gbroker/gbroker.toml) and print the resolved
+    settings: defaults < file < environment. Exits 0 when the daemon would accept it; else prints what is
+    wrong and how to fix it, and exits with the configuration error's code."""
+    from broker.config import DEFAULT_CONFIG_PATH, load_settings
+
+    target = path or ctx.config_path or os.environ.get("GBROKER_CONFIG") or str(DEFAULT_CONFIG_PATH)
+    settings = load_settings(target)  # a ConfigError becomes "gbroker: error: ... hint: ..." and its exit code
+    resolved = resolved_dict(settings)
+    if as_json:
+        click.echo(json.dumps({"file": target, "ok": True, "settings": resolved}, indent=2, sort_keys=True))
+        return
+    exists = os.path.exists(target)
+    click.echo(f"{target}: ok" + ("" if exists else " (no such file: defaults and environment only)"))
+    for key, value in resolved.items():
+        click.echo(f"  {key} = {json.dumps(value, sort_keys=True)}")
+
+
+def resolved_dict(settings: Any) -> dict[str, Any]:
+    """The settings as plain data, the database password and webhook secrets hidden."""
+    out: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name == "db_url":
+            value = _redact(value)
+        elif f.name == "node_provider_settings":
+            value = json.loads(value)
+        elif f.name == "pools":
+            value = [p.name for p in settings.catalog().pools]
+            out["pools"] = value
+            continue
+        elif f.name == "notify":
+            value = {
+                "targets": {t.name: t.public() for t in value.targets},
+                "subscriptions": [asdict(s) for s in value.subscriptions],
+                "tick_seconds": value.tick_seconds, "max_tries": value.max_tries,
+                "backoff_seconds": value.backoff_seconds, "backoff_max_seconds": value.backoff_max_seconds,
+                "timeout_seconds": value.timeout_seconds,
+            }
+        elif f.name == "metrics":
+            value = ({"listen": f"{value.host}:{value.port}" if ":" not in value.host else f"[{value.host}]:{value.port}",
+                      "allow_remote": value.allow_remote, "ready_tick_age_seconds": value.ready_tick_age_seconds}
+                     if value.enabled else {"listen": "off"})
+        elif isinstance(value, tuple):
+            value = [asdict(v) if hasattr(v, "__dataclass_fields__") else v for v in value]
+        out[f.name] = value
+    return out
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
