@@ -1,6 +1,6 @@
 """Engines and sessions for SQLite (one host) and PostgreSQL (shared).
 
-SQLite gets WAL (readers do not block the writer), a 5 s busy timeout (a
+SQLite gets WAL (readers do not block the writer), a 20 s busy timeout (a
 second process waits instead of failing at once), foreign keys on, and
 real transactions: pysqlite would otherwise start them only at the first
 write, which breaks SAVEPOINTs and makes read-then-write racy.
@@ -21,7 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.errors import ConfigError
 
-SQLITE_BUSY_TIMEOUT_MS = 5000
+SQLITE_BUSY_TIMEOUT_MS = 20_000
+"""Writers queue behind each other; on a loaded 2-core machine twenty submissions and a tick
+take more than 5 s to get through, and a submission should wait, not fail."""
 SQLITE_BEGIN_OPTION = "gbroker_sqlite_begin"
 """Execution option naming the BEGIN a connection uses ("BEGIN IMMEDIATE" to take the write lock first)."""
 ROOT_DB_PATH = Path("/var/lib/gbroker/gbroker.db")

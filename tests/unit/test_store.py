@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.db import store as st
-from broker.db.engine import default_db_url, make_engine, session_factory
+from broker.db.engine import SQLITE_BUSY_TIMEOUT_MS, default_db_url, make_engine, session_factory
 from broker.db.models import AppendOnlyError, Attempt, Event, Job
 from broker.spec import JobSpec
 from broker.states import AttemptState, JobState
@@ -368,7 +368,7 @@ def test_sqlite_engine_settings(tmp_path: Path) -> None:
     eng = make_engine(f"sqlite:///{path}")
     with eng.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == SQLITE_BUSY_TIMEOUT_MS == 20_000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     assert path.parent.is_dir()
     eng.dispose()
