@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from broker.db.migrate import upgrade_to_head
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -180,9 +182,32 @@ def user_dir(base: Path, user: str) -> Path:
     return base
 
 
+_MIGRATED: list[Path] = []
+
+
+def migrated_db(dest: Path) -> None:
+    """Put a database already at the schema's head at ``dest`` (mode 600, as the daemon makes it).
+
+    Migrating a new file costs each daemon start a second or two; the tests
+    that are about a new database (``@pytest.mark.fresh_db``) let the daemon
+    make its own, and tests/unit/test_migrations.py runs every migration.
+    """
+    if not _MIGRATED:
+        template = Path(public_dir("gbroker-schema-")) / "head.db"
+        os.close(os.open(template, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        upgrade_to_head(f"sqlite:///{template}")
+        _MIGRATED.append(template)
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    shutil.copyfile(_MIGRATED[0], dest)
+
+
 @contextlib.contextmanager
-def daemon_with_config(slurm_cluster: Any, config: str, **env_extra: str) -> Iterator[BrokerDaemon]:
-    """A daemon on the dev cluster with ``config`` as its settings file, stopped and removed after."""
+def daemon_with_config(slurm_cluster: Any, config: str, fresh_db: bool = False,
+                       **env_extra: str) -> Iterator[BrokerDaemon]:
+    """A daemon on the dev cluster with ``config`` as its settings file, stopped and removed after.
+
+    Its database starts at the schema's head (``migrated_db``) unless ``fresh_db``
+    or the environment names another."""
     work = public_dir("gbroker-test-")
     env = dict(os.environ)
     env.update(slurm_cluster.env)
@@ -195,6 +220,8 @@ def daemon_with_config(slurm_cluster: Any, config: str, **env_extra: str) -> Ite
         }
     )
     env.update(env_extra)
+    if not fresh_db and env["GBROKER_DB_URL"] == f"sqlite:///{work}/gbroker.db":
+        migrated_db(work / "gbroker.db")
     (work / "gbroker.toml").write_text(config)
     d = BrokerDaemon(
         workdir=user_dir(work / "jobs", "alice"),
@@ -212,8 +239,9 @@ def daemon_with_config(slurm_cluster: Any, config: str, **env_extra: str) -> Ite
 
 
 @pytest.fixture
-def broker_daemon(slurm_cluster: Any):
-    with daemon_with_config(slurm_cluster, "# defaults; the environment sets the rest\n") as d:
+def broker_daemon(request: pytest.FixtureRequest, slurm_cluster: Any):
+    fresh = request.node.get_closest_marker("fresh_db") is not None
+    with daemon_with_config(slurm_cluster, "# defaults; the environment sets the rest\n", fresh_db=fresh) as d:
         yield d
 
 

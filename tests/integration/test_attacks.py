@@ -173,6 +173,7 @@ def test_alert_commands_never_run_as_root(broker_daemon, slurm_cluster):
 
 
 # -- 3. the database is not readable by every user ------------------------------------------
+@pytest.mark.fresh_db
 def test_the_database_and_its_journals_are_private(broker_daemon, slurm_cluster):
     d = broker_daemon
     work = user_dir(public_dir("gbroker-db-"), "alice")
