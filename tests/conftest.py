@@ -9,12 +9,14 @@ not start, the tests fail with its log: there is no skip.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
 import pwd
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -119,12 +121,42 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     server.admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def schema_templates() -> dict[str, str]:
+    """Per backend, a database migrated to head once per session (filled when first needed)."""
+    return {}
+
+
 @pytest.fixture
-def migrated_url(db_url: str) -> str:
-    """``db_url`` with every migration applied."""
+def migrated_url(request: pytest.FixtureRequest, db_url: str, schema_templates: dict[str, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``db_url`` with every migration applied: a copy of a database migrated once per session
+    (running the migrations costs a second or more a test; tests/unit/test_migrations.py runs
+    them on fresh databases itself)."""
     from broker.db.migrate import upgrade_to_head
 
-    upgrade_to_head(db_url)
+    if db_url.startswith("sqlite:///"):
+        if "sqlite" not in schema_templates:
+            template = tmp_path_factory.mktemp("schema") / "head.db"
+            upgrade_to_head(f"sqlite:///{template}")
+            with contextlib.closing(sqlite3.connect(template)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            schema_templates["sqlite"] = str(template)
+        path = Path(db_url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private, as the engine makes it
+        shutil.copyfile(schema_templates["sqlite"], path)
+        return db_url
+    server: PgServer = request.getfixturevalue("pg_server")
+    if "postgres" not in schema_templates:
+        template = f"gbtemplate_{os.getpid()}"
+        server.admin_exec(f'CREATE DATABASE "{template}"')
+        upgrade_to_head(server.admin_url(template))
+        schema_templates["postgres"] = template
+    template, name = schema_templates["postgres"], db_url.rsplit("/", 1)[1]
+    server.admin_exec(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{template}'")
+    server.admin_exec(f'DROP DATABASE "{name}"')
+    server.admin_exec(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return db_url
 
 
