@@ -1,8 +1,9 @@
 """The socket server inside the daemon: identity, limits, dispatch.
 
 Identity comes from the kernel (SO_PEERCRED on the UNIX socket), never from
-the request. Each connection carries one request and one answer (see
-``broker.client`` for the wire format).
+the request. Each connection carries one request and one answer: a JSON line
+(``broker.client``, the CLI's wire) or an HTTP/1.1 request (``broker.http_wire``,
+for curl and other programs), told apart by the first line.
 
 The daemon runs as root and serves every user of the lab, so one user must
 not be able to starve the others. Every connection is bounded:
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker import http_wire
 from broker.caller import Caller, Handler
 from broker.errors import BrokerError
 
@@ -221,10 +223,14 @@ class ApiServer:
     # -- serving ---------------------------------------------------------------
     def _serve(self, conn: socket.socket, pid: int, uid: int, gid: int) -> None:
         started = time.monotonic()
+        deadline = started + self.limits.read_timeout_s
         op = "?"
         try:
             try:
-                line = self._read_request(conn)
+                line, rest = self._read_line(conn, deadline)
+                if http_wire.is_http(line):
+                    op = self._serve_http(conn, pid, uid, gid, line, rest, deadline)
+                    return
             except RequestTooLarge as exc:
                 self._write(conn, _error(exc))
                 return
@@ -240,22 +246,22 @@ class ApiServer:
             if took > self.limits.slow_request_s:
                 log.info("request %s from uid %s took %.2fs", op, uid, took)
 
-    def _read_request(self, conn: socket.socket) -> bytes:
-        """One line; RequestTooLarge past the limit (after reading the rest, within bounds)."""
+    def _read_line(self, conn: socket.socket, deadline: float) -> tuple[bytes, bytes]:
+        """The first line and what came after it in the same read; RequestTooLarge past the
+        limit (after reading the rest, within bounds)."""
         lim = self.limits
-        deadline = time.monotonic() + lim.read_timeout_s
         buf = bytearray()
         while True:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = conn.recv(65536)
             if not chunk:
-                return bytes(buf)
+                return bytes(buf), b""
             nl = chunk.find(b"\n")
             if nl >= 0:
                 buf += chunk[: nl + 1]
                 if len(buf) > lim.max_request_bytes:
                     break
-                return bytes(buf)
+                return bytes(buf), chunk[nl + 1:]
             buf += chunk
             if len(buf) > lim.max_request_bytes:
                 self._drain(conn, deadline, lim.drain_max_bytes - len(buf))
@@ -266,6 +272,69 @@ class ApiServer:
             f"request too large (more than {lim.max_request_bytes // (1024 * 1024)} MiB)",
             hint="keep job scripts under 1 MiB; put large inputs in files",
         )
+
+    # -- HTTP/1.1 (broker.http_wire) ---------------------------------------------
+    def _serve_http(self, conn: socket.socket, pid: int, uid: int, gid: int, first: bytes, rest: bytes,
+                    deadline: float) -> str:
+        """One HTTP request on the connection; the op name it called (for the log)."""
+        try:
+            head, body = self._read_http(conn, first, rest, deadline)
+            routed = http_wire.route(head, body, sorted(self.handlers))
+        except http_wire.HttpError as exc:
+            self._send(conn, http_wire.response(exc.status, http_wire.error_payload(exc), exc.headers))
+            return "http?"
+        except RequestTooLarge as exc:
+            self._send(conn, http_wire.response(413, http_wire.error_payload(exc)))
+            return "http?"
+        if routed.op is None:
+            self._send(conn, http_wire.response(200, http_wire.openapi(sorted(self.handlers))))
+            return "openapi"
+        op, answer = self.call(pid, uid, gid, routed.op, routed.args)
+        status = http_wire.status_of(answer)
+        self._send(conn, http_wire.response(status, answer["result"] if status == 200 else
+                                            {"error": answer["error"]}))
+        return op
+
+    def _read_http(self, conn: socket.socket, first: bytes, rest: bytes, deadline: float) -> tuple[http_wire.Head, bytes]:
+        """The head (request line and headers) and a body of Content-Length bytes, within the limits."""
+        buf = bytearray(first + rest)
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            sep = 4
+            if end < 0:
+                end, sep = buf.find(b"\n\n"), 2
+            if end >= 0:
+                break
+            if len(buf) > http_wire.MAX_HEAD_BYTES:
+                raise http_wire.HttpError(400, "the request's headers are too large")
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise http_wire.HttpError(400, "the request ended before its headers did")
+            buf += chunk
+        head = http_wire.parse_head(bytes(buf[:end]))
+        length = head.content_length
+        if length > self.limits.max_request_bytes:
+            raise RequestTooLarge(f"request body too large ({length} bytes; at most "
+                                  f"{self.limits.max_request_bytes // (1024 * 1024)} MiB)",
+                                  hint="keep job scripts under 1 MiB; put large inputs in files")
+        body = bytearray(buf[end + sep:])
+        if len(body) < length and head.headers.get("expect", "").lower() == "100-continue":
+            self._send(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
+        while len(body) < length:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(min(65536, length - len(body)))
+            if not chunk:
+                raise http_wire.HttpError(400, f"the body ended after {len(body)} of its {length} bytes")
+            body += chunk
+        return head, bytes(body[:length])
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
+        try:
+            conn.settimeout(self.limits.write_timeout_s)
+            conn.sendall(data)
+        except OSError as exc:
+            log.info("could not deliver an answer: %s", exc)
 
     @staticmethod
     def _drain(conn: socket.socket, deadline: float, budget: int) -> None:
@@ -308,6 +377,10 @@ class ApiServer:
                                            hint="use the gbroker command-line client"))
         except (ValueError, KeyError, TypeError):
             return "?", _error(BrokerError("malformed request", hint="use the gbroker command-line client"))
+        return self.call(pid, uid, gid, op, args)
+
+    def call(self, pid: int, uid: int, gid: int, op: str, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(op name, answer) for one operation, as the kernel-named caller."""
         handler = self.handlers.get(op)
         if handler is None:
             return op, _error(
