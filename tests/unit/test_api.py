@@ -109,10 +109,18 @@ def test_concurrent_callers(server):
 
 
 # -- limits: one user cannot starve the others -------------------------------------------------
+def _boom(c: Caller, a: dict) -> None:
+    raise NotFound("no job 7 of yours", hint="`gbroker history` lists your jobs")
+
+
+def _bug(c: Caller, a: dict) -> None:
+    raise ZeroDivisionError("x")
+
+
 def _limited(tmp: str, **kw: object) -> ApiServer:
     from broker.api import Limits
 
-    srv = ApiServer(f"{tmp}/lim.sock", {"whoami": lambda c, a: {"uid": c.uid}},
+    srv = ApiServer(f"{tmp}/lim.sock", {"whoami": lambda c, a: {"uid": c.uid}, "boom": _boom, "bug": _bug},
                     admin_group="gbroker-test-admins-none", limits=Limits(**kw))  # type: ignore[arg-type]
     srv.serve_in_thread()
     return srv
@@ -197,3 +205,65 @@ def test_too_large_and_too_deep_requests_get_an_answer() -> None:
     assert deep["ok"] is False and "nested too deeply" in deep["error"]["message"]
     srv.shutdown()
     srv.server_close()
+
+
+def _http(path: str, raw: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+    import json
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    s.connect(path)
+    s.sendall(raw)
+    buf = b""
+    while chunk := s.recv(65536):
+        buf += chunk
+    s.close()
+    head, _, body = buf.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body) if body.strip() else {}, head
+
+
+def test_http_on_the_same_socket_keeps_the_kernels_identity_and_the_limits() -> None:
+    import socket
+    import tempfile
+    import time
+
+    srv = _limited(tempfile.mkdtemp(prefix="gb-http-"), read_timeout_s=0.5, max_request_bytes=1024 * 1024)
+    try:
+        code, body, _ = _http(srv.path, b"POST /v1/ops/whoami HTTP/1.1\r\nHost: x\r\nX-Remote-User: root\r\n"
+                                        b"Content-Type: application/json\r\nContent-Length: 25\r\n\r\n"
+                                        b'{"uid": 0, "name": "bob"}')
+        assert code == 200 and body["uid"] == os.getuid()  # what the request claims is not who calls
+        code, body, _ = _http(srv.path, b"GET /v1/ops/boom HTTP/1.1\r\n\r\n")
+        assert code == 405
+        code, body, _ = _http(srv.path, b"POST /v1/ops/boom HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        assert code == 404 and body["error"]["hint"] == "`gbroker history` lists your jobs"
+        code, body, _ = _http(srv.path, b"POST /v1/ops/bug HTTP/1.1\r\n\r\n")
+        assert code == 500 and "internal error" in body["error"]["message"]
+        # A body larger than the limit is refused from its Content-Length, before it is read.
+        code, body, _ = _http(srv.path, b"POST /v1/ops/whoami HTTP/1.1\r\nContent-Length: 3000000\r\n\r\n")
+        assert code == 413 and "too large" in body["error"]["message"]
+        # curl's Expect: 100-continue gets its 100 before the body.
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(srv.path)
+        s.sendall(b"POST /v1/ops/whoami HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(b"{}")
+        assert b"200 OK" in s.recv(1000)
+        s.close()
+        # Half a head, or half a body, is dropped after the read timeout; nothing stays open.
+        for half in (b"GET /v1/ops/whoami HTTP/1.1\r\nHost: x\r\n",
+                     b"POST /v1/ops/whoami HTTP/1.1\r\nContent-Length: 10\r\n\r\n{}"):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect(srv.path)
+            s.sendall(half)
+            t = time.monotonic()
+            s.recv(1000)
+            assert time.monotonic() - t < 2
+            s.close()
+        assert srv.open_connections() == {}
+    finally:
+        srv.shutdown()
+        srv.server_close()
