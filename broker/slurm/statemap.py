@@ -249,7 +249,7 @@ def _decide(base: str, flags: frozenset[str]) -> NodeState:
         return NodeState.DOWN
     if FLAG_POWERED_DOWN in flags:
         # Slurm 24.11 and 26.05 keep POWERED_DOWN on a cloud node a job was just given,
-        # until its resume starts (sinfo "mixed+cloud+powered_down", "mix~"); 22.05 drops
+        # until its resume starts (sinfo "mixed+cloud+powered_down"); 22.05 drops
         # the flag at allocation ("mixed+cloud"). Either way the node is taken, not free.
         return NodeState.ALLOCATED if busy else NodeState.POWERED_DOWN
     if flags & {FLAG_POWERING_UP, FLAG_POWER_UP, FLAG_REBOOT_ISSUED, FLAG_REBOOT_REQUESTED}:
