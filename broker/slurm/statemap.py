@@ -9,7 +9,8 @@ An unknown string maps to UNKNOWN and logs a warning. It never maps to
 COMPLETED: a job we do not understand is a job we must keep watching.
 
 The strings come from Slurm's ``job_state_string`` / ``node_state_string*``
-(22.05 and 24.11 print the same names; newer releases only add flags).
+(22.05, 24.11 and 26.05 print the same names; they differ in which flags a
+node carries when, see docs/DEVCLUSTER.md "Slurm releases").
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ def _decide(base: str, flags: frozenset[str]) -> NodeState:
     if FLAG_DRAIN in flags and not busy:
         return NodeState.DOWN
     if FLAG_POWERED_DOWN in flags:
-        return NodeState.POWERED_DOWN
+        # Slurm 24.11 and 26.05 keep POWERED_DOWN on a cloud node a job was just given,
+        # until its resume starts (sinfo "mixed+cloud+powered_down"); 22.05 drops
+        # the flag at allocation ("mixed+cloud"). Either way the node is taken, not free.
+        return NodeState.ALLOCATED if busy else NodeState.POWERED_DOWN
     if flags & {FLAG_POWERING_UP, FLAG_POWER_UP, FLAG_REBOOT_ISSUED, FLAG_REBOOT_REQUESTED}:
         return NodeState.POWERING_UP if not busy else NodeState.ALLOCATED
     if flags & {FLAG_POWERING_DOWN, FLAG_POWER_DOWN}:

@@ -56,7 +56,42 @@ def _use_lane_cluster(lane: int) -> None:
     os.environ["GBROKER_TEST_LANE"] = str(lane)
 
 
+SLURM_VERSION_ENV = "GBROKER_SLURM_VERSION"
+VERSION_PORT_OFFSETS = {"24.11": 1000, "26.05": 1300}
+"""Another Slurm release's clusters (`contrib/dev/test --slurm 24.11`): their own state
+directories and ports, clear of the default clusters (and of each other's lanes)."""
+
+
+def _use_version_cluster() -> None:
+    """GBROKER_SLURM_VERSION=24.11: this run's clusters run that release (devcluster --slurm).
+
+    Once per process tree, before the lanes: a state directory of the version's own
+    unless GBROKER_DEVCLUSTER_DIR names one. devcluster reads the same variable.
+    """
+    version = os.environ.get(SLURM_VERSION_ENV, "").strip()
+    if not version or os.environ.get("GBROKER_DEVCLUSTER_DIR"):
+        return
+    if version not in VERSION_PORT_OFFSETS:
+        raise pytest.UsageError(f"{SLURM_VERSION_ENV}={version}: the dev cluster runs Slurm "
+                                f"{', '.join(VERSION_PORT_OFFSETS)} (or unset: the host's own)")
+    os.environ["GBROKER_DEVCLUSTER_DIR"] = f"{DEFAULT_STATE_DIR}-slurm{version}"
+    os.environ["GBROKER_DEVCLUSTER_PORT_OFFSET"] = str(VERSION_PORT_OFFSETS[version])
+
+
+_use_version_cluster()
 _use_lane_cluster(_lane())
+
+
+def use_release_commands(state_dir: Path) -> None:
+    """Another release's cluster: its Slurm commands (`<state dir>/bin`, written by `devcluster
+    up --slurm`) come first on PATH for the tests and are gbroker's slurm_bin_dir."""
+    bin_dir = state_dir / "bin"
+    if not (state_dir / "slurm-version").exists() or not (bin_dir / "sbatch").exists():
+        return
+    path = os.environ.get("PATH", "")
+    if not path.startswith(f"{bin_dir}:"):
+        os.environ["PATH"] = f"{bin_dir}:{path}"
+    os.environ["GBROKER_SLURM_BIN_DIR"] = str(bin_dir)
 
 
 def _state_dir() -> Path:
@@ -169,6 +204,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                         f"{_log_tail(state_dir)}", pytrace=False)
     slurm_conf = state_dir / "slurm.conf"
     os.environ["SLURM_CONF"] = str(slurm_conf)
+    use_release_commands(state_dir)
     env = dict(os.environ, SLURM_CONF=str(slurm_conf), GBROKER_DEVCLUSTER_DIR=str(state_dir))
     yield SlurmCluster(state_dir=state_dir, slurm_conf=slurm_conf, env=env)
 

@@ -23,6 +23,7 @@ def _running_on(job: dict) -> str:
     return job["attempts"][-1]["nodes"]
 
 
+@pytest.mark.contract  # a core end-to-end proof: runs on every Slurm release
 def test_checkpointing_finetune_survives_two_reclaims(broker_daemon, slurm_cluster):
     d = broker_daemon
     base = user_dir(public_dir("gbroker-ft-"), "alice")
@@ -99,6 +100,7 @@ def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_c
     assert d.cli("cancel", str(spot_id), user="carol", cwd=base).code == 0
 
 
+@pytest.mark.contract  # a core end-to-end proof: runs on every Slurm release
 def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_cluster):
     d = broker_daemon
     d.stop()

@@ -110,6 +110,7 @@ def all_ended_runs_charged(d: BrokerDaemon, cluster: Any, slurm_ids: list[int]) 
 
 
 # -- 1. two groups, a reclaim, ledger == sacct ------------------------------------------------
+@pytest.mark.contract  # a core end-to-end proof: runs on every Slurm release
 def test_two_groups_with_a_reclaim_ledger_equals_sacct(broker_daemon, slurm_cluster):
     d = broker_daemon
     setup_lab(d)

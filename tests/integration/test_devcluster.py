@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from broker.slurm.hostlist import compress, slurm_sorted
 from tests.integration.conftest import SlurmCluster
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.contract]
+"""`contract`: runs on every Slurm release the dev cluster offers (contrib/dev/test -m contract --slurm 24.11)."""
 
 WAKE_TIMEOUT = 120  # boot + up to one 30 s controller cycle, with slack for a busy machine
 

@@ -154,6 +154,7 @@ def test_no_unknown_string_becomes_completed() -> None:
         ("idle+cloud+power_down", N.POWERING_DOWN),
         ("idle+cloud", N.IDLE),
         ("mixed+cloud", N.ALLOCATED),
+        ("mixed+cloud+powered_down", N.ALLOCATED),  # 24.11/26.05: given a job before its resume
         ("allocated+cloud+powering_up", N.ALLOCATED),
         ("down+cloud+not_responding", N.DOWN),
         ("down+cloud+powered_down", N.DOWN),

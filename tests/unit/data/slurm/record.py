@@ -5,18 +5,23 @@ and saves stdout under this directory as ``<name>.<command>.txt``, plus the
 argv in ``<name>.<command>.argv``. Re-run it against another Slurm release
 (e.g. 24.11) to refresh the recordings::
 
-    SLURM_CONF=... PYTHONPATH=. python tests/unit/data/slurm/record.py NAME [squeue sacct sinfo]
+    SLURM_CONF=... PYTHONPATH=. python tests/unit/data/slurm/record.py [--out DIR] NAME [squeue sacct sinfo]
+
+``--out DIR`` writes there instead (another release's set, e.g. ``24.11/``);
+the commands come from ``GBROKER_SLURM_BIN_DIR`` when set (another release's
+dev cluster: ``contrib/slurm/devcluster env`` prints it), as gbroker's own.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from broker.slurm.cli_backend import CliBackend
-from broker.slurm.runner import CompletedRun, Runner
+from broker.slurm.runner import DEFAULT_BIN_DIR, CompletedRun, Runner
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,9 +29,10 @@ HERE = Path(__file__).resolve().parent
 class RecordingRunner(Runner):
     """A Runner that also writes each command's stdout to a file."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
+    def __init__(self, name: str, out: Path = HERE) -> None:
+        super().__init__(bin_dir=os.environ.get("GBROKER_SLURM_BIN_DIR") or DEFAULT_BIN_DIR)
         self.name = name
+        self.out = out
 
     def run(
         self,
@@ -39,14 +45,18 @@ class RecordingRunner(Runner):
     ) -> CompletedRun:
         result = super().run(argv, timeout_s=timeout_s, env=env, user=user, input=input)
         stem = f"{self.name}.{Path(argv[0]).name}"
-        (HERE / f"{stem}.txt").write_text(result.stdout)
-        (HERE / f"{stem}.argv").write_text("\n".join(argv) + "\n")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{stem}.txt").write_text(result.stdout)
+        (self.out / f"{stem}.argv").write_text("\n".join(argv) + "\n")
         return result
 
 
 def main(args: list[str]) -> None:
+    out = HERE
+    if args[:1] == ["--out"]:
+        out, args = Path(args[1]).resolve(), args[2:]
     name, *what = args
-    backend = CliBackend(RecordingRunner(name))
+    backend = CliBackend(RecordingRunner(name, out))
     what = what or ["squeue", "sacct", "sinfo"]
     if "squeue" in what:
         backend.jobs()
