@@ -72,6 +72,10 @@ from policies.rules import (
 )
 
 
+MIN_WINDOWS = 8
+"""Observed windows (all pools together) before their share shorter than a proof is trusted."""
+
+
 @register
 class GBrokerPolicy(GBrokerMarkovPolicy):
     name = "gbroker"
@@ -92,6 +96,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_wait_share: float = 0.25,
         pool_horizon: float = 2.0,
         pool_od_k: float | None = None,
+        pool_prove_changeovers: float = 3.0,
+        pool_short_share: float = 0.3,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -100,6 +106,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_od_k = pool_od_k
         self.pool_wait_share = pool_wait_share
         self.pool_horizon = pool_horizon
+        self.pool_prove_changeovers = pool_prove_changeovers
+        self.pool_short_share = pool_short_share
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -144,6 +152,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         return placed(Capacity.SPOT, "spot back, slack for a round trip: spot", forms)
 
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
+            return self._leave_ondemand(job, markets)
         if (
             self.pool_rule != "choosy"
             or len(markets) < 2
@@ -178,6 +188,36 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         if sh < self.pool_wait_share or surv[best] >= self.pool_wait_k:
             return PoolPlacement(Capacity.SPOT, best, "the window likeliest to last", 1)
         return PoolPlacement(Capacity.NONE, None, "only windows likely to end soon: slack to spare, wait", 1)
+
+    def _leave_ondemand(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        """``pool_rule="prove"``: a job on on-demand with spot back in some pool.
+
+        It looks at the pool whose current window is oldest (heavy tails: an
+        old window tends to last) and leaves on-demand for it at once, unless
+        a round trip is likely to be wasted: when round trips are scarce (the
+        single-pool test, on that pool's market) or when at least
+        ``pool_short_share`` of the windows observed in all pools (8 or more)
+        were shorter than the proof, the window must first have lasted
+        ``pool_prove_changeovers`` changeovers. Waiting for the proof costs no
+        slack: the job keeps running on on-demand meanwhile.
+        """
+        k = self.choose_pool(job, markets)
+        first = self._settled_first(job, markets[k])
+        up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
+        if isinstance(first, Placement) or not up:
+            return super().place_pools(job, markets)
+        best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
+        prove = int(self.pool_prove_changeovers * job.changeover_s)
+        age = markets[best].spot_up_s or 0
+        if age < prove and self._proof_needed(job, markets, markets[best], prove):
+            return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
+        return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
+
+    def _proof_needed(self, job: JobView, markets: Sequence[MarketView], market: MarketView, prove: int) -> bool:
+        if self._round_trips_scarce(job, market):
+            return True
+        ws = [x for m in markets for x in m.spot_windows_s]
+        return len(ws) >= MIN_WINDOWS and sum(x < prove for x in ws) >= self.pool_short_share * len(ws)
 
     def _survival(self, market: MarketView, h: int) -> float:
         """Chance that the pool's current window lasts ``h`` more seconds: the
