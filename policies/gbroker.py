@@ -90,8 +90,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         return_ratio: float | None = None,
         leave_ratio: float | None = None,
         patience_s: int = 12 * 3600,
-        pool_choice: str = "rate",
-        pool_rule: str = "follow",
+        pool_choice: str = "age",
+        pool_rule: str = "prove",
         pool_wait_k: float = 0.7,
         pool_wait_share: float = 0.25,
         pool_horizon: float = 2.0,
@@ -237,15 +237,27 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         changeover); else, among the pools with spot, the one least often
         reclaimed (``pool_choice="rate"``), or whose current window has lasted
         longest (``"age"``: windows are heavy-tailed, old ones tend to last),
+        or with the highest uptime share times mean observed window length
+        (``"value"``, the ADRS "availability-aware expected value" ranking),
         then the cheapest."""
-        if self.pool_choice != "age":
+        if self.pool_choice not in ("age", "value"):
             return super().choose_pool(job, markets)
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if job.current is Capacity.SPOT and job.pool in up:
             return job.pool  # type: ignore[return-value]
+        if up and self.pool_choice == "value":
+            return max(up, key=lambda k: (self._window_value(markets[k]), -k))
         if up:
             return min(up, key=lambda k: (-(markets[k].spot_up_s or 0), markets[k].spot_price_micros, k))
         return super().choose_pool(job, markets)
+
+    @staticmethod
+    def _window_value(market: MarketView) -> float:
+        """Uptime share times the mean observed window (s); the rate model without windows."""
+        up, rate = GBrokerMarkovPolicy._observed(market)
+        ws = market.spot_windows_s
+        mean = sum(ws) / len(ws) if ws else 3600 / max(rate, 1e-3)
+        return up * mean
 
     def _round_trips_scarce(self, job: JobView, market: MarketView) -> bool:
         """Fewer round trips to spot are affordable than spot windows are to come.
