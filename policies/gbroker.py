@@ -29,14 +29,22 @@ traces and are reported on the held-out half B as well (docs/SIMULATOR.md,
 "Tuning, in and out of sample").
 
 Several pools (``place_pools``): the job keeps its pool while it has spot;
-otherwise the pool with spot that was reclaimed least (``pool_choice``;
-``"age"``: the pool whose current window has lasted longest, better on the
-tuning half of the pool sets, not on the held-out half), so a reclaim in one
-pool resumes in another at once. ``pool_rule="choosy"`` (off; measured worse, see
-docs/SIMULATOR.md) instead ranks the pools by the observed chance that the
-current window lasts ``pool_horizon`` changeovers more, waits for a likelier
-window while the slack is above ``pool_wait_share`` of the work, and with
-``pool_od_k`` leaves on-demand only for such a window.
+otherwise it takes the pool with spot whose current window has lasted
+longest (``pool_choice="age"``: windows are heavy-tailed, old ones tend to
+last; ``"rate"``, the pool reclaimed least, was the default before), so a
+reclaim in one pool resumes in another at once. A job on on-demand leaves it
+for the pool with the oldest window (``pool_rule="prove"``), at once, or,
+when round trips are scarce or at least ``pool_short_share`` (30 %) of the
+observed windows were shorter than the proof, only once that window has
+lasted ``pool_prove_changeovers`` (3) changeovers: the proof is spent on
+on-demand, so it costs money but no slack. Chosen on half A of the pool sets
+and checked on the held-out half B (docs/SIMULATOR.md, "Leaving on-demand
+over several pools"). ``pool_rule="follow"`` is the single-pool rule on the
+chosen pool; ``pool_rule="choosy"`` (off; measured worse) instead ranks the
+pools by the observed chance that the current window lasts ``pool_horizon``
+changeovers more, waits for a likelier window while the slack is above
+``pool_wait_share`` of the work, and with ``pool_od_k`` leaves on-demand only
+for such a window.
 
 Other jobs, as before (``policies.gbroker_markov``): not interruptible:
 on-demand; no deadline: spot when available, else wait, on-demand after
