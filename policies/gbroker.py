@@ -106,18 +106,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_od_k: float | None = None,
         pool_prove_changeovers: float = 3.0,
         pool_short_share: float = 0.3,
-        trip_factor: float = 1.0,
-        trip_min_windows: int = 8,
-        trip_max_changeovers: float = 10.0,
-        trip_pool_sum: bool = True,
-        trip_pick: str = "age",
-        endgame_changeovers: float = 0.0,
-        need_factor: float = 0.0,
-        union: str = "indep",
-        trip_rule: str = "quantile",
-        pace_tol: float | None = None,
-        reclaim_prove: float | None = None,
-        short_share: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -128,18 +116,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_horizon = pool_horizon
         self.pool_prove_changeovers = pool_prove_changeovers
         self.pool_short_share = pool_short_share
-        self.trip_factor = trip_factor
-        self.trip_min_windows = trip_min_windows
-        self.trip_max_changeovers = trip_max_changeovers
-        self.trip_pool_sum = trip_pool_sum
-        self.trip_pick = trip_pick
-        self.endgame_changeovers = endgame_changeovers
-        self.need_factor = need_factor
-        self.union = union
-        self.trip_rule = trip_rule
-        self.pace_tol = pace_tol
-        self.reclaim_prove = reclaim_prove
-        self.short_share = short_share
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -186,8 +162,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
         if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
             return self._leave_ondemand(job, markets)
-        if self.pool_rule == "budget" and len(markets) >= 2:
-            return self._place_budget(job, markets)
         if (
             self.pool_rule != "choosy"
             or len(markets) < 2
@@ -252,109 +226,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
             return True
         ws = [x for m in markets for x in m.spot_windows_s]
         return len(ws) >= MIN_WINDOWS and sum(x < prove for x in ws) >= self.pool_short_share * len(ws)
-    def _place_budget(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
-        """Several pools, round trips from on-demand budgeted by the slack left."""
-        k = self.choose_pool(job, markets)
-        first = self._settled_first(job, markets[k])
-        if isinstance(first, Placement):
-            return super().place_pools(job, markets)
-        up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
-        _, net = first
-        if job.current is not Capacity.ONDEMAND and up and self.reclaim_prove is not None and job.current is not Capacity.SPOT:
-            best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -j))
-            if (markets[best].spot_up_s or 0) < self.reclaim_prove * job.changeover_s and \
-                    self._round_trips_scarce(job, markets[best]):
-                return PoolPlacement(Capacity.ONDEMAND, None, "only young windows and round trips scarce: on-demand", 1)
-        if job.current is not Capacity.ONDEMAND:
-            if up or (self.need_factor <= 0 and self.pace_tol is None):
-                return super().place_pools(job, markets)
-            ratio = max(float(self.od_ratio), self.need_factor * self._need_ratio(job, markets))
-            slack = (job.time_left_s or 0) - job.work_left_s - job.changeover_s
-            behind = False
-            if self.pace_tol is not None and job.deadline_s:
-                total = max(1, job.deadline_s - job.work_s - job.changeover_s)
-                spent = job.elapsed_s - job.done_s
-                behind = spent > total * job.elapsed_s / job.deadline_s + self.pace_tol * total
-            if behind or slack < ratio * job.work_left_s:
-                return PoolPlacement(Capacity.ONDEMAND, None, "outage: slack under what spot alone needs", 1)
-            return PoolPlacement(Capacity.NONE, None, "outage: slack to spare, wait", 1)
-        if self.trip_rule == "off":
-            return super().place_pools(job, markets)
-        if not up:
-            return PoolPlacement(Capacity.ONDEMAND, None, "outage: stay on on-demand", 1)
-        d = job.changeover_s
-        if job.work_left_s < self.endgame_changeovers * d:
-            return PoolPlacement(Capacity.ONDEMAND, None, "end game: a move could not pay back", NEVER_CHANGES_S)
-        if self.trip_rule == "surv":
-            h = int(self.pool_horizon * d)
-            sv = {j: self._survival(markets[j], h) for j in up}
-            best = max(up, key=lambda j: (sv[j], markets[j].spot_up_s or 0, -j))
-            if sv[best] >= self.pool_wait_k or (markets[best].spot_up_s or 0) >= self.prove_s(job):
-                return PoolPlacement(Capacity.SPOT, best, "window likely to pay a round trip", 1)
-            return PoolPlacement(Capacity.ONDEMAND, None, "no window likely to pay a round trip", 1)
-        if self.trip_pick == "age":
-            best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
-        else:
-            best = k if k in up else up[0]
-        if self.trip_rule == "prove":
-            scarce = not self.selective or self._round_trips_scarce(job, markets[best])
-            if not scarce and self.short_share is not None:
-                ws = [x for m in markets for x in m.spot_windows_s]
-                scarce = len(ws) >= self.trip_min_windows and \
-                    sum(x < self.prove_s(job) for x in ws) >= self.short_share * len(ws)
-            need = self.prove_s(job) if scarce else 0
-        else:
-            need = self._trip_threshold_s(job, markets, best)
-        age = markets[best].spot_up_s or 0
-        if age < need:
-            return PoolPlacement(Capacity.ONDEMAND, None, "no window old enough for the round trips the slack pays", 1)
-        return PoolPlacement(Capacity.SPOT, best, "window old enough for a round trip", 1)
-
-    def _need_ratio(self, job: JobView, markets: Sequence[MarketView]) -> float:
-        """Slack per unit of work left that running on spot alone needs: 1 / u - 1,
-        u the share of time spot is expected to make progress (some pool up,
-        less a changeover per window)."""
-        obs = [GBrokerMarkovPolicy._observed(m) for m in markets]
-        if self.union == "max":
-            u = max(x for x, _ in obs)
-        else:
-            q = 1.0
-            for x, _ in obs:
-                q *= 1 - x
-            u = 1 - q
-            if self.union == "mid":
-                u = (u + max(x for x, _ in obs)) / 2
-        rate = min(r for _, r in obs)
-        u_eff = u * max(0.05, 1 - rate * job.changeover_s / 3600)
-        return 1 / max(0.05, u_eff) - 1
-
-    def _trip_threshold_s(self, job: JobView, markets: Sequence[MarketView], best: int) -> int:
-        """The age a window must reach before on-demand is left for it: the slack
-        pays for ``trips`` round trips (two changeovers each); of the windows
-        expected in the time left, take only the longest ``trips``."""
-        d = job.changeover_s
-        if d <= 0:
-            return 0
-        left = job.time_left_s or 0
-        slack = left - job.work_left_s - d
-        trips = max(0.0, slack / (2 * d))
-        ms = markets if self.trip_pool_sum else [markets[best]]
-        n = 0.0
-        ws: list[int] = []
-        for m in ms:
-            u, rate = GBrokerMarkovPolicy._observed(m)
-            n += rate * u * left / 3600
-            ws.extend(m.spot_windows_s)
-        n *= self.trip_factor
-        if trips >= n:
-            return 0
-        if len(ws) < self.trip_min_windows:
-            return self.prove_s(job)
-        q = trips / n
-        ws.sort()
-        # the age a with a share q of the observed windows longer than a
-        i = min(len(ws) - 1, max(0, int(len(ws) * (1 - q))))
-        return min(int(self.trip_max_changeovers * d), ws[i])
 
     def _survival(self, market: MarketView, h: int) -> float:
         """Chance that the pool's current window lasts ``h`` more seconds: the
