@@ -29,14 +29,22 @@ traces and are reported on the held-out half B as well (docs/SIMULATOR.md,
 "Tuning, in and out of sample").
 
 Several pools (``place_pools``): the job keeps its pool while it has spot;
-otherwise the pool with spot that was reclaimed least (``pool_choice``;
-``"age"``: the pool whose current window has lasted longest, better on the
-tuning half of the pool sets, not on the held-out half), so a reclaim in one
-pool resumes in another at once. ``pool_rule="choosy"`` (off; measured worse, see
-docs/SIMULATOR.md) instead ranks the pools by the observed chance that the
-current window lasts ``pool_horizon`` changeovers more, waits for a likelier
-window while the slack is above ``pool_wait_share`` of the work, and with
-``pool_od_k`` leaves on-demand only for such a window.
+otherwise it takes the pool with spot whose current window has lasted
+longest (``pool_choice="age"``: windows are heavy-tailed, old ones tend to
+last; ``"rate"``, the pool reclaimed least, was the default before), so a
+reclaim in one pool resumes in another at once. A job on on-demand leaves it
+for the pool with the oldest window (``pool_rule="prove"``), at once, or,
+when round trips are scarce or at least ``pool_short_share`` (30 %) of the
+observed windows were shorter than the proof, only once that window has
+lasted ``pool_prove_changeovers`` (3) changeovers: the proof is spent on
+on-demand, so it costs money but no slack. Chosen on half A of the pool sets
+and checked on the held-out half B (docs/SIMULATOR.md, "Leaving on-demand
+over several pools"). ``pool_rule="follow"`` is the single-pool rule on the
+chosen pool; ``pool_rule="choosy"`` (off; measured worse) instead ranks the
+pools by the observed chance that the current window lasts ``pool_horizon``
+changeovers more, waits for a likelier window while the slack is above
+``pool_wait_share`` of the work, and with ``pool_od_k`` leaves on-demand only
+for such a window.
 
 Other jobs, as before (``policies.gbroker_markov``): not interruptible:
 on-demand; no deadline: spot when available, else wait, on-demand after
@@ -72,6 +80,10 @@ from policies.rules import (
 )
 
 
+MIN_WINDOWS = 8
+"""Observed windows (all pools together) before their share shorter than a proof is trusted."""
+
+
 @register
 class GBrokerPolicy(GBrokerMarkovPolicy):
     name = "gbroker"
@@ -86,12 +98,14 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         return_ratio: float | None = None,
         leave_ratio: float | None = None,
         patience_s: int = 12 * 3600,
-        pool_choice: str = "rate",
-        pool_rule: str = "follow",
+        pool_choice: str = "age",
+        pool_rule: str = "prove",
         pool_wait_k: float = 0.7,
         pool_wait_share: float = 0.25,
         pool_horizon: float = 2.0,
         pool_od_k: float | None = None,
+        pool_prove_changeovers: float = 3.0,
+        pool_short_share: float = 0.3,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -100,6 +114,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_od_k = pool_od_k
         self.pool_wait_share = pool_wait_share
         self.pool_horizon = pool_horizon
+        self.pool_prove_changeovers = pool_prove_changeovers
+        self.pool_short_share = pool_short_share
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -144,6 +160,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         return placed(Capacity.SPOT, "spot back, slack for a round trip: spot", forms)
 
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
+            return self._leave_ondemand(job, markets)
         if (
             self.pool_rule != "choosy"
             or len(markets) < 2
@@ -179,6 +197,36 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
             return PoolPlacement(Capacity.SPOT, best, "the window likeliest to last", 1)
         return PoolPlacement(Capacity.NONE, None, "only windows likely to end soon: slack to spare, wait", 1)
 
+    def _leave_ondemand(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
+        """``pool_rule="prove"``: a job on on-demand with spot back in some pool.
+
+        It looks at the pool whose current window is oldest (heavy tails: an
+        old window tends to last) and leaves on-demand for it at once, unless
+        a round trip is likely to be wasted: when round trips are scarce (the
+        single-pool test, on that pool's market) or when at least
+        ``pool_short_share`` of the windows observed in all pools (8 or more)
+        were shorter than the proof, the window must first have lasted
+        ``pool_prove_changeovers`` changeovers. Waiting for the proof costs no
+        slack: the job keeps running on on-demand meanwhile.
+        """
+        k = self.choose_pool(job, markets)
+        first = self._settled_first(job, markets[k])
+        up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
+        if isinstance(first, Placement) or not up:
+            return super().place_pools(job, markets)
+        best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
+        prove = int(self.pool_prove_changeovers * job.changeover_s)
+        age = markets[best].spot_up_s or 0
+        if age < prove and self._proof_needed(job, markets, markets[best], prove):
+            return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
+        return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
+
+    def _proof_needed(self, job: JobView, markets: Sequence[MarketView], market: MarketView, prove: int) -> bool:
+        if self._round_trips_scarce(job, market):
+            return True
+        ws = [x for m in markets for x in m.spot_windows_s]
+        return len(ws) >= MIN_WINDOWS and sum(x < prove for x in ws) >= self.pool_short_share * len(ws)
+
     def _survival(self, market: MarketView, h: int) -> float:
         """Chance that the pool's current window lasts ``h`` more seconds: the
         share of its observed windows longer than the current age that lasted
@@ -197,15 +245,27 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         changeover); else, among the pools with spot, the one least often
         reclaimed (``pool_choice="rate"``), or whose current window has lasted
         longest (``"age"``: windows are heavy-tailed, old ones tend to last),
+        or with the highest uptime share times mean observed window length
+        (``"value"``, the ADRS "availability-aware expected value" ranking),
         then the cheapest."""
-        if self.pool_choice != "age":
+        if self.pool_choice not in ("age", "value"):
             return super().choose_pool(job, markets)
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if job.current is Capacity.SPOT and job.pool in up:
             return job.pool  # type: ignore[return-value]
+        if up and self.pool_choice == "value":
+            return max(up, key=lambda k: (self._window_value(markets[k]), -k))
         if up:
             return min(up, key=lambda k: (-(markets[k].spot_up_s or 0), markets[k].spot_price_micros, k))
         return super().choose_pool(job, markets)
+
+    @staticmethod
+    def _window_value(market: MarketView) -> float:
+        """Uptime share times the mean observed window (s); the rate model without windows."""
+        up, rate = GBrokerMarkovPolicy._observed(market)
+        ws = market.spot_windows_s
+        mean = sum(ws) / len(ws) if ws else 3600 / max(rate, 1e-3)
+        return up * mean
 
     def _round_trips_scarce(self, job: JobView, market: MarketView) -> bool:
         """Fewer round trips to spot are affordable than spot windows are to come.

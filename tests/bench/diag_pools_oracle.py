@@ -5,10 +5,11 @@ a reclaim it takes the pool whose current window will last longest if that
 is at least ``--x`` changeovers, else waits while the slack is above 12 % of
 the work, else on-demand; from on-demand it leaves only for a window that
 will last ``--xo`` changeovers. Everything else is gbroker's. Printed
-against gbroker on the tuning half (A) or the held-out half (B) of
-``bench_pools.py``, d = 0.2 h, seed 1.
+against gbroker (or ``--base``) and the target (the smaller of 10 % and half
+of best-pool Uniform Progress's gap on the same samples) on the tuning half
+(A), the held-out half (B) or all of ``bench_pools.py``, d = 0.2 h, seed 1.
 
-    PYTHONPATH=. python tests/bench/diag_pools_oracle.py [--half A] [--x 2] [--xo 3]
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py [--half A|B|all] [--x 2] [--xo 3] [--base NAME]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pools import W, half_of, pool_sets  # noqa: E402
 
 from broker.sim.engine import SimJob  # noqa: E402
-from broker.sim.pools import OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
+from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
 from broker.sim.single import policy_of  # noqa: E402
 from policies.base import Capacity, PoolPlacement  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
@@ -34,8 +35,10 @@ def main() -> None:
     ap.add_argument("--half", choices=("A", "B", "all"), default="A")
     ap.add_argument("--ratios", default="0.6,0.8,0.9")
     ap.add_argument("--starts", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--base", default="gbroker", help="the policy the oracle falls back on (and is compared with)")
     a = ap.parse_args()
-    base = policy_of("gbroker")
+    base = policy_of(a.base)
 
     class Oracle:
         name = "oracle"
@@ -69,14 +72,16 @@ def main() -> None:
                 return PoolPlacement(Capacity.NONE, None, "", 1)
             return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
 
+    print("| pool set | N | W/D | half | UP-best gap | target | policy gap | oracle gap | oracle meets the target |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, nodes, traces in pool_sets():
         if a.half != "all" and half_of(label) != a.half:
             continue
         traces = align(traces)
         for r in map(float, a.ratios.split(",")):
             s = PoolSetting(W, round(W / r), 720, tuple(918_000 for _ in traces), 3_060_000, nodes)
-            w = PoolWorker(traces, ["gbroker", OPTIMUM], s, a.starts, 1)
-            gs, gb = [], []
+            w = PoolWorker(traces, [a.base, BEST_POOL_UP, OPTIMUM], s, a.starts, a.seed)
+            gs, gb, up = [], [], []
             for off in w.offsets:
                 smp = w.run(off)
                 job = SimJob(s.work_s, s.deadline_s, s.changeover_s, nodes=s.nodes)
@@ -84,9 +89,12 @@ def main() -> None:
                               w.horizon, use_hints=False)
                 assert o.met
                 gs.append(o.cost_us / smp.optimum_us - 1)
-                gb.append(smp.results["gbroker"].cost_us / smp.optimum_us - 1)
-            print(f"{label} N={nodes} W/D={r}: gbroker {100 * sum(gb) / len(gb):.1f}%  "
-                  f"oracle {100 * sum(gs) / len(gs):.1f}%", flush=True)
+                gb.append(smp.results[a.base].cost_us / smp.optimum_us - 1)
+                up.append(smp.results[BEST_POOL_UP].cost_us / smp.optimum_us - 1)
+            g, u, x = (100 * sum(v) / len(v) for v in (gb, up, gs))
+            target = min(10.0, u / 2)
+            print(f"| {label} | {nodes} | {r} | {half_of(label)} | {u:.1f}% | {target:.1f}% | {g:.1f}% | {x:.1f}% | "
+                  f"{'yes' if x <= target else '**no**'} |", flush=True)
 
 
 if __name__ == "__main__":
