@@ -32,6 +32,8 @@ TABLES = {
     "node_sessions", "node_usage",
     # 0006: quotas per capacity class and GPU type
     "quota_limits",
+    # 0008: arrays
+    "array_batches", "array_pieces",
 }
 
 
