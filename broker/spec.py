@@ -609,7 +609,8 @@ class _Parser:
                 out.append(tuple(shlex.split(line)))
             except ValueError as exc:
                 raise self.fail(where, f"{line!r} cannot be split into arguments ({exc})",
-                                hint="close every quote; the line is split as a shell would, but no shell runs it")
+                                hint="close every quote; the line is split as a shell would, but no shell runs it") \
+                    from None
         return tuple(out)
 
     def pieces(self, data: Mapping[str, Any], sweep: tuple[tuple[str, ...], ...], chunk: int) -> str | None:

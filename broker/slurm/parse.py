@@ -30,6 +30,7 @@ RS = "\x1e"  # record separator (squeue/sinfo -O suffix on the last field)
 SQUEUE_FIELDS: tuple[str, ...] = (
     "JobID", "Name", "UserName", "Account", "Partition", "State", "Reason",
     "NodeList", "RestartCnt", "SubmitTime", "StartTime", "TimeLimit", "Comment",
+    "ArrayJobID", "ArrayTaskID",
 )  # fmt: skip
 SACCT_FIELDS: tuple[str, ...] = (
     "JobIDRaw", "JobName", "User", "Account", "Partition", "State", "NodeList",
@@ -145,7 +146,7 @@ def parse_squeue(stdout: str) -> list[SlurmJob]:
     jobs: list[SlurmJob] = []
     for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", RS + "\n"):
         (jid, name, user, account, part, state_raw, reason, nodelist,
-         restarts, submit, start, limit, comment) = f  # fmt: skip
+         restarts, submit, start, limit, comment, array_jid, array_task) = f  # fmt: skip
         try:
             job_id = int(jid.strip())
         except ValueError:
@@ -168,9 +169,19 @@ def parse_squeue(stdout: str) -> list[SlurmJob]:
                 submit_time=parse_time(submit),
                 start_time=parse_time(start),
                 time_limit_s=parse_duration_s(limit),
+                **array_fields(array_jid, array_task),
             )
         )
     return jobs
+
+
+def array_fields(array_jid: str, array_task: str) -> dict[str, int | None]:
+    """squeue's ArrayJobID and ArrayTaskID: the array and the index of a task, None for a plain job."""
+    task = array_task.strip()
+    if not task.isdigit():
+        return {"array_job_id": None, "array_task": None}  # N/A: a plain job
+    jid = array_jid.strip()
+    return {"array_job_id": int(jid) if jid.isdigit() else None, "array_task": int(task)}
 
 
 def parse_sacct(stdout: str) -> list[SacctRow]:
