@@ -79,7 +79,7 @@ def array_part(spec: JobSpec, pieces: Pieces | None = None) -> ArrayPart:
     pieces = pieces or spec.array()
     lasts = tuple((a, b) for a, b in pieces.chunks() if a != b)
     sweep = tuple((i, args) for i, args in zip(pieces.indices, spec.sweep, strict=False)) if spec.sweep else ()
-    return ArrayPart(step=pieces.step, lasts=lasts, sweep=sweep)
+    return ArrayPart(step=pieces.step, lasts=lasts, sweep=sweep, own_checkpoint=spec.checkpoint_style != "pieces")
 
 
 def piece_log(log_path: str, index: int | str) -> str:

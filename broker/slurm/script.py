@@ -137,6 +137,9 @@ class ArrayPart:
     """(first, last) of every chunk longer than one index; a task not named runs its own index alone."""
     sweep: tuple[tuple[int, tuple[str, ...]], ...] = ()
     """(task index, arguments) of a sweep: the arguments go after the command."""
+    own_checkpoint: bool = False
+    """Each piece saves in a directory of its own (``<dir>/piece-<N>``): pieces that checkpoint
+    state; pieces of style "pieces" share the directory (their outputs are the checkpoint)."""
 
 
 def array_lines(part: ArrayPart) -> list[str]:
@@ -152,6 +155,10 @@ def array_lines(part: ArrayPart) -> list[str]:
         'export GBROKER_PIECE_LAST="$GBROKER_PIECE"',
         f"export GBROKER_PIECE_STEP={int(part.step)}",
     ]
+    if part.own_checkpoint:
+        lines.append('export GBROKER_CHECKPOINT_DIR="$GBROKER_CHECKPOINT_DIR/piece-$GBROKER_PIECE"')
+        lines.append('mkdir -p -- "$GBROKER_CHECKPOINT_DIR"')
+        lines.append('if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi')
     if part.lasts:
         lines.append('case "$GBROKER_PIECE" in')
         lines.extend(f"    {int(first)}) GBROKER_PIECE_LAST={int(last)} ;;" for first, last in part.lasts)
