@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import String, exists, func, select, type_coerce
 from sqlalchemy.orm import Session
 
 from broker.db import store
@@ -41,7 +41,7 @@ from broker.errors import SlurmUnavailable
 from broker.jobs import lifecycle
 from broker.jobs.chains import chain_blocks
 from broker.ownership import is_ours
-from broker.pieces import Pieces, compress, progress_line, slurm_array
+from broker.pieces import Pieces, PiecesError, compress, parse_pieces, progress_line, slurm_array
 from broker.slurm.backend import ArrayRow, SlurmJob
 from broker.slurm.script import ArrayPart
 from broker.slurm.statemap import normalize_job_state
@@ -136,7 +136,7 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
     tasks: dict[int, list[SlurmJob]] = {}
     by_name: dict[str, int] = {}
     for j in queue:
-        if j.array_task is not None and j.array_job_id is not None:
+        if j.array_job_id is not None and (j.array_task is not None or j.array_tasks is not None):
             tasks.setdefault(j.array_job_id, []).append(j)
             by_name.setdefault(j.name, j.array_job_id)
     plan = ArrayPlan()
@@ -197,6 +197,15 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
     return plan
 
 
+def _indices(expr: str) -> tuple[int, ...]:
+    """The indices of squeue's row of tasks not started yet (``5-29:2``, ``1,3,8-10``)."""
+    try:
+        return parse_pieces(expr).indices
+    except PiecesError:
+        log.warning("unreadable array tasks %r in squeue; they are asked about again", expr)
+        return ()
+
+
 def _pieces(s: Session, job_id: int) -> list[ArrayPiece]:
     return list(s.execute(select(ArrayPiece).where(ArrayPiece.job_id == job_id).order_by(ArrayPiece.idx)).scalars())
 
@@ -224,36 +233,51 @@ def _look(
     number = {b.number: b.slurm_array_id for b in batches}
     listed: dict[tuple[int, int], SlurmJob] = {}
     for b in batches:
-        if b.slurm_array_id is not None:
-            for t in tasks.get(b.slurm_array_id, []):
-                if t.array_task is not None and is_ours(job.key, job.owner_name, name=t.name, comment=t.comment,
-                                                        user=t.user):
-                    listed[(b.slurm_array_id, t.array_task)] = t
-    ask: set[int] = set()
-    for p in _pieces(s, job.id):
-        if p.state in PIECE_FINAL:
+        if b.slurm_array_id is None:
             continue
-        array_id = number.get(p.batch)
+        for t in tasks.get(b.slurm_array_id, []):
+            if not is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
+                continue
+            if t.array_task is not None:
+                listed[(b.slurm_array_id, t.array_task)] = t
+            elif t.array_tasks is not None:
+                for i in _indices(t.array_tasks):  # tasks not started yet, one row for all of them
+                    listed[(b.slurm_array_id, i)] = t
+    ask: set[int] = set()
+    # Each piece as plain values first: only the pieces the queue shows otherwise are loaded as rows.
+    # (The state as its stored text: no conversion per row on a tick over thousands of pieces.)
+    rows = s.execute(select(ArrayPiece.id, ArrayPiece.idx, type_coerce(ArrayPiece.state, String), ArrayPiece.batch,
+                            ArrayPiece.runs, ArrayPiece.nodes)
+                     .where(ArrayPiece.job_id == job.id, ArrayPiece.state.not_in(list(PIECE_FINAL)))).all()
+    change: dict[int, tuple[PieceState, SlurmJob]] = {}
+    running, pending = PieceState.RUNNING.value, PieceState.PENDING.value
+    for pid, idx, state, batch, runs, nodes in rows:
+        array_id = number.get(batch)
         if array_id is None:
             continue  # its batch is not in Slurm yet
-        sj = listed.get((array_id, p.idx))
+        sj = listed.get((array_id, idx))
         if sj is None:
-            if p.state != PieceState.WAITING or p.runs == 0:
-                ask.add(array_id)  # left the queue: accounting says how it ended
+            ask.add(array_id)  # left the queue: accounting says how it ended
             continue
-        if sj.restarts > p.runs:
+        if sj.restarts > runs:
             ask.add(array_id)  # requeued: the run before ended (a reclaim, most often)
             continue
         if sj.state == AttemptState.RUNNING and sj.state_raw != "CONFIGURING":
-            if p.state == PieceState.WAITING and sj.restarts == 0 and p.runs == 0:
-                lifecycle.piece_seen(p, PieceState.PENDING, now)
-            lifecycle.piece_seen(p, PieceState.RUNNING, now, nodes=",".join(sj.nodes),
-                                 started_at=_utc(sj.start_time) or now)
+            if state != running or nodes != ",".join(sj.nodes):
+                change[pid] = (PieceState.RUNNING, sj)
         elif sj.state in (AttemptState.PENDING, AttemptState.RUNNING):
-            if p.state != PieceState.RUNNING:
-                lifecycle.piece_seen(p, PieceState.PENDING, now)
-            if sj.reason == "BeginTime" and sj.restarts > 0:
+            if state not in (running, pending):
+                change[pid] = (PieceState.PENDING, sj)
+            if sj.reason == "BeginTime" and sj.restarts > 0 and sj.array_task is not None:
                 plan.start_now.append(sj.job_id)  # Slurm's requeue delay: gbroker asks for none
+    if change:
+        for p in s.execute(select(ArrayPiece).where(ArrayPiece.id.in_(list(change)))).scalars():
+            to, sj = change[p.id]
+            if to == PieceState.RUNNING:
+                lifecycle.piece_seen(p, PieceState.RUNNING, now, nodes=",".join(sj.nodes),
+                                     started_at=_utc(sj.start_time) or now)
+            else:
+                lifecycle.piece_seen(p, PieceState.PENDING, now)
     if ask:
         need[job.id] = sorted(ask)
     _progress(s, svc, job, now)

@@ -137,8 +137,8 @@ def reconcile(svc: Services) -> None:
     # squeue also lists jobs that just ended; sacct is the truth for those. A job
     # being requeued (REQUEUED...) is alive: its next run is coming.
     queue = [j for j in queue if j.state not in ATTEMPT_TERMINAL or j.state_raw.startswith("REQUEUE")]
-    tasks = [j for j in queue if j.array_task is not None]
-    queue = [j for j in queue if j.array_task is None]  # an array's tasks are the arrays' own
+    tasks = [j for j in queue if j.array_task is not None or j.array_tasks is not None]
+    queue = [j for j in queue if j.array_task is None and j.array_tasks is None]  # tasks are the arrays' own
     by_id = {j.job_id: j for j in queue}
     by_name = {j.name: j for j in queue}
     plan = TickPlan()

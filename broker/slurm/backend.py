@@ -105,7 +105,9 @@ class SlurmJob:
     array_job_id: int | None = None
     """The job array this row is a task of (squeue lists every task of an array on its own row)."""
     array_task: int | None = None
-    """The task's index in its array; None: not an array task."""
+    """The task's index in its array; None: not an array task (or a row of several, below)."""
+    array_tasks: str | None = None
+    """Tasks of an array that have not started yet, listed by squeue as one row (``5-29:2``, ``%N`` cut)."""
 
 
 @dataclass(frozen=True)

@@ -201,11 +201,12 @@ class CliBackend(Backend):
     def jobs(
         self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
     ) -> list[SlurmJob]:
+        # Without --array: an array's tasks that have not started are one row (ArrayTaskID
+        # "5-1000%16"), so a listing grows with the tasks started, not with the tasks asked for.
         out = self._query(
             [
                 "squeue",
                 "--all",
-                "--array",
                 "--noheader",
                 "--states=all",
                 f"--Format={parse.long_format(parse.SQUEUE_FIELDS)}",

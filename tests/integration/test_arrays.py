@@ -4,11 +4,9 @@ reclaim, a sweep with failing points, a chain simulate -> render, `gbroker logs 
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from broker_fixtures import SRC, BrokerDaemon, broker_daemon, public_dir, user_dir  # noqa: F401  (fixture)
