@@ -259,8 +259,10 @@ def _look(
         if sj is None:
             ask.add(array_id)  # left the queue: accounting says how it ended
             continue
-        if sj.restarts > runs:
-            ask.add(array_id)  # requeued: the run before ended (a reclaim, most often)
+        if sj.restarts > runs or (sj.array_tasks is not None and state == running):
+            # Requeued: the run before ended (a reclaim, most often). A requeued task that waits
+            # is listed in its array's row of tasks not started (with that row's restart count).
+            ask.add(array_id)
             continue
         if sj.state == AttemptState.RUNNING and sj.state_raw != "CONFIGURING":
             if state != running or nodes != ",".join(sj.nodes):
@@ -305,7 +307,9 @@ def _settle(
     """Record every ended run of the array's pieces, move each piece on, plan the retries."""
     spec = stored_spec(job)
     batches = {b.number: b for b in s.execute(select(ArrayBatch).where(ArrayBatch.job_id == job.id)).scalars()}
-    in_queue = {(t.array_job_id, t.array_task) for ts in tasks.values() for t in ts}
+    in_queue = {(t.array_job_id, t.array_task) for ts in tasks.values() for t in ts if t.array_task is not None}
+    in_queue |= {(t.array_job_id, i) for ts in tasks.values() for t in ts if t.array_tasks is not None
+                 for i in _indices(t.array_tasks)}
     retry: list[ArrayPiece] = []
     for p in _pieces(s, job.id):
         if p.state in PIECE_FINAL:
@@ -345,6 +349,7 @@ def _settle(
         elif last_state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.LOST):
             if queued:
                 lifecycle.piece_settled(p, PieceState.PENDING, "requeued after its node was reclaimed", now)
+                plan.start_now.append(ordered[-1].row.job_id)  # its own Slurm id: no requeue delay
             else:
                 lifecycle.piece_settled(p, PieceState.WAITING, "its node was reclaimed; runs again", now)
                 retry.append(p)
