@@ -291,7 +291,7 @@ def test_array_sacct_names_each_run_of_each_task() -> None:
     from broker.slurm.arrays import parse_array_sacct
 
     rows = parse_array_sacct(rec("arrays-tasks.sacct.txt"))
-    by_task: dict[int, list[Any]] = {}
+    by_task: dict[int, list[parse.SacctRow]] = {}
     for r in rows:
         assert r.array_id == 91
         by_task.setdefault(r.task, []).append(r.row)
