@@ -245,10 +245,22 @@ def _look(
                     listed[(b.slurm_array_id, i)] = t
     ask: set[int] = set()
     # Each piece as plain values first: only the pieces the queue shows otherwise are loaded as rows.
-    # (The state as its stored text: no conversion per row on a tick over thousands of pieces.)
+    # The pieces the queue shows waiting, as they are stored, need nothing: only their indices are
+    # read (a tick over thousands of pieces). The others are read as plain values; only those the
+    # queue shows otherwise are loaded as rows and changed.
+    alone = {i for (_a, i), t in listed.items() if t.array_task is not None}
+    waiting_rows = s.execute(select(ArrayPiece.idx, ArrayPiece.batch).where(
+        ArrayPiece.job_id == job.id, ArrayPiece.state == PieceState.PENDING)).all()
+    for idx, batch in waiting_rows:
+        array_id = number.get(batch)
+        if array_id is not None and (array_id, idx) not in listed:
+            ask.add(array_id)  # never seen running, and gone: accounting says how it ended
+    look_at: Any = ArrayPiece.state.not_in([*PIECE_FINAL, PieceState.PENDING])
+    if alone:
+        look_at = look_at | ((ArrayPiece.state == PieceState.PENDING) & ArrayPiece.idx.in_(sorted(alone)))
     rows = s.execute(select(ArrayPiece.id, ArrayPiece.idx, type_coerce(ArrayPiece.state, String), ArrayPiece.batch,
                             ArrayPiece.runs, ArrayPiece.nodes)
-                     .where(ArrayPiece.job_id == job.id, ArrayPiece.state.not_in(list(PIECE_FINAL)))).all()
+                     .where(ArrayPiece.job_id == job.id, look_at)).all()
     change: dict[int, tuple[PieceState, SlurmJob]] = {}
     running, pending = PieceState.RUNNING.value, PieceState.PENDING.value
     for pid, idx, state, batch, runs, nodes in rows:
