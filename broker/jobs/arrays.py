@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import String, exists, func, select, type_coerce
-from sqlalchemy.orm import Session
+from sqlalchemy import String, bindparam, exists, func, select, text, type_coerce
+from sqlalchemy.orm import Session, lazyload
 
 from broker.db import store
 from broker.db.array_models import ArrayBatch, ArrayPiece
@@ -145,7 +145,7 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
     with svc.tx() as s:
         jobs = list(s.execute(
             select(Job).where(Job.state.not_in(list(TERMINAL)), exists().where(ArrayBatch.job_id == Job.id))
-            .order_by(Job.id)
+            .order_by(Job.id).options(lazyload(Job.attempts))  # an array's runs are many; not needed here
         ).scalars())
         live = {j.id for j in jobs}
         for jid in [j for j in svc.array_seen if j not in live]:
@@ -156,6 +156,7 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
         for b in s.execute(select(ArrayBatch).where(ArrayBatch.job_id.in_(live)).order_by(ArrayBatch.number)
                            ).scalars():
             batches.setdefault(b.job_id, []).append(b)
+        todo: list[tuple[Job, list[ArrayBatch], int]] = []
         for job in jobs:
             mine = batches.get(job.id, [])
             if any(svc.sbatch_busy(claim_id(b.id), since=listed_at) for b in mine):
@@ -165,16 +166,38 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
             unsent = [b for b in mine if b.slurm_array_id is None]
             if svc.array_seen.get(job.id) == digest and not unsent:
                 continue  # the queue shows it as it did when it was last settled
+            todo.append((job, mine, digest))
+        # The waiting pieces of every array to look at, in one query (indices only).
+        waiting: dict[int, list[tuple[int, int]]] = {}
+        if todo:
+            # Plain integers straight from the driver (no per-row conversion): thousands of rows a tick.
+            raw = s.connection().execute(WAITING_SQL, {"ids": [j.id for j, _, _ in todo],
+                                                       "state": PieceState.PENDING.value})
+            for jid, idx, batch in raw.fetchall():
+                waiting.setdefault(jid, []).append((idx, batch))
+        looked = []
+        for job, mine, digest in todo:
             try:
                 with s.begin_nested():
-                    settled = _look(s, svc, job, mine, tasks, by_name, now, plan, need)
+                    settled = _look(s, svc, job, mine, tasks, by_name, now, plan, need, waiting.get(job.id, []))
             except Exception as exc:  # noqa: BLE001 - one bad array must not stop everyone's tick
                 log.exception("array job %s: %s", job.id, exc)
                 svc.array_seen.pop(job.id, None)
                 continue
+            if settled is not None:
+                looked.append(job)
             if settled:
                 svc.array_seen[job.id] = digest
             else:
+                svc.array_seen.pop(job.id, None)
+        s.flush()
+        all_counts = counts_of(s, [j.id for j in looked])
+        for job in looked:
+            try:
+                with s.begin_nested():
+                    _progress(s, svc, job, now, all_counts.get(job.id, {}))
+            except Exception as exc:  # noqa: BLE001
+                log.exception("array job %s: %s", job.id, exc)
                 svc.array_seen.pop(job.id, None)
     if need:
         try:
@@ -197,6 +220,10 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
     return plan
 
 
+WAITING_SQL = text("SELECT job_id, idx, batch FROM array_pieces WHERE state = :state AND job_id IN :ids").bindparams(
+    bindparam("ids", expanding=True))
+
+
 def _indices(expr: str) -> tuple[int, ...]:
     """The indices of squeue's row of tasks not started yet (``5-29:2``, ``1,3,8-10``)."""
     try:
@@ -213,8 +240,13 @@ def _pieces(s: Session, job_id: int) -> list[ArrayPiece]:
 def _look(
     s: Session, svc: Services, job: Job, batches: list[ArrayBatch], tasks: dict[int, list[SlurmJob]],
     by_name: dict[str, int], now: datetime, plan: ArrayPlan, need: dict[int, list[int]],
-) -> bool:
-    """Follow the queue for one array; True when nothing is left for accounting to tell."""
+    waiting_rows: list[tuple[int, int]],
+) -> bool | None:
+    """Follow the queue for one array; True when nothing is left for accounting to tell, None when
+    its first batch is not in Slurm yet.
+
+    ``waiting_rows``: (index, batch) of its pieces stored as pending. The caller moves the
+    array's own state after (``_progress``)."""
     for b in batches:
         if b.slurm_array_id is None:
             found = by_name.get(batch_name(job.key, b.number))
@@ -227,7 +259,7 @@ def _look(
                 blocked = chain_blocks(s, svc, job, now)
                 if blocked is None:
                     plan.sbatch.append((job.id, b.id))
-                return False
+                return None  # not in Slurm yet: nothing to follow
             else:
                 plan.sbatch.append((job.id, b.id))
     number = {b.number: b.slurm_array_id for b in batches}
@@ -249,8 +281,6 @@ def _look(
     # read (a tick over thousands of pieces). The others are read as plain values; only those the
     # queue shows otherwise are loaded as rows and changed.
     alone = {i for (_a, i), t in listed.items() if t.array_task is not None}
-    waiting_rows = s.execute(select(ArrayPiece.idx, ArrayPiece.batch).where(
-        ArrayPiece.job_id == job.id, ArrayPiece.state == PieceState.PENDING)).all()
     for idx, batch in waiting_rows:
         array_id = number.get(batch)
         if array_id is not None and (array_id, idx) not in listed:
@@ -294,7 +324,6 @@ def _look(
                 lifecycle.piece_seen(p, PieceState.PENDING, now)
     if ask:
         need[job.id] = sorted(ask)
-    _progress(s, svc, job, now)
     return not ask
 
 
@@ -394,15 +423,26 @@ def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: li
 
 
 def counts(s: Session, job_id: int) -> dict[str, int]:
-    rows = s.execute(select(ArrayPiece.state, func.count()).where(ArrayPiece.job_id == job_id)
-                     .group_by(ArrayPiece.state)).all()
-    return {PieceState(state).value: int(n) for state, n in rows}
+    return counts_of(s, [job_id]).get(job_id, {})
 
 
-def _progress(s: Session, svc: Services, job: Job, now: datetime) -> None:
-    """The array's state and reason from its pieces' counts."""
-    s.flush()
-    c = counts(s, job.id)
+def counts_of(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
+    """job id -> pieces per state, for these arrays, in one query."""
+    out: dict[int, dict[str, int]] = {}
+    if not job_ids:
+        return out
+    rows = s.execute(select(ArrayPiece.job_id, ArrayPiece.state, func.count()).where(ArrayPiece.job_id.in_(job_ids))
+                     .group_by(ArrayPiece.job_id, ArrayPiece.state)).all()
+    for jid, state, n in rows:
+        out.setdefault(int(jid), {})[PieceState(state).value] = int(n)
+    return out
+
+
+def _progress(s: Session, svc: Services, job: Job, now: datetime, c: dict[str, int] | None = None) -> None:
+    """The array's state and reason from its pieces' counts (``c``, else counted here)."""
+    if c is None:
+        s.flush()
+        c = counts(s, job.id)
     total = sum(c.values())
     line = progress_line(c, total)
     final = sum(c.get(x.value, 0) for x in PIECE_FINAL)
