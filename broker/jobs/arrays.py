@@ -40,6 +40,7 @@ from broker.db.models import Job
 from broker.errors import SlurmUnavailable
 from broker.jobs import lifecycle
 from broker.jobs.chains import chain_blocks
+from broker.jobs.placement import job_view, market_view
 from broker.ownership import is_ours
 from broker.pieces import Pieces, PiecesError, compress, parse_pieces, progress_line, slurm_array
 from broker.slurm.backend import ArrayRow, SlurmJob
@@ -48,7 +49,7 @@ from broker.slurm.statemap import normalize_job_state
 from broker.spec import JobSpec, spec_from_dict
 from broker.state import Services, must_get
 from broker.states import ATTEMPT_TERMINAL, PIECE_FINAL, TERMINAL, AttemptState, JobState, PieceState
-from policies import Capacity
+from policies import Action, Capacity
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class ArrayPlan:
     """Requeued tasks (their own Slurm ids) to start without Slurm's requeue delay."""
     sbatch: list[tuple[int, int]] = field(default_factory=list)
     """(job id, batch id) to submit."""
+    move: list[tuple[int, str]] = field(default_factory=list)
+    """(task's own Slurm id, partition): requeued tasks the policy sends to another pool."""
 
 
 def stored_spec(job: Job) -> JobSpec:
@@ -348,6 +351,7 @@ def _settle(
     """Record every ended run of the array's pieces, move each piece on, plan the retries."""
     spec = stored_spec(job)
     batches = {b.number: b for b in s.execute(select(ArrayBatch).where(ArrayBatch.job_id == job.id)).scalars()}
+    requeued: list[tuple[ArrayPiece, int, str]] = []
     in_queue = {(t.array_job_id, t.array_task) for ts in tasks.values() for t in ts if t.array_task is not None}
     in_queue |= {(t.array_job_id, i) for ts in tasks.values() for t in ts if t.array_tasks is not None
                  for i in _indices(t.array_tasks)}
@@ -391,6 +395,7 @@ def _settle(
             if queued:
                 lifecycle.piece_settled(p, PieceState.PENDING, "requeued after its node was reclaimed", now)
                 plan.start_now.append(ordered[-1].row.job_id)  # its own Slurm id: no requeue delay
+                requeued.append((p, ordered[-1].row.job_id, ordered[-1].row.partition or b.partition or ""))
             else:
                 lifecycle.piece_settled(p, PieceState.WAITING, "its node was reclaimed; runs again", now)
                 retry.append(p)
@@ -404,7 +409,31 @@ def _settle(
             retry.append(p)
     if retry:
         _retry_batch(s, job, batches, retry, now, plan)
+    if requeued:
+        _after_reclaim(s, svc, job, spec, requeued, now, plan)
     _progress(s, svc, job, now)
+
+
+def _after_reclaim(s: Session, svc: Services, job: Job, spec: JobSpec, requeued: list[tuple[ArrayPiece, int, str]],
+                   now: datetime, plan: ArrayPlan) -> None:
+    """Ask the policy where the pieces Slurm requeued after a reclaim run next (as ``on_preempt`` is
+    asked for a job): on spot again where they were, or on on-demand (their tasks are moved).
+
+    The policy sees the array as one task with the most reclaims among these pieces. A forced
+    partition, and pieces already off spot, stay where they are.
+    """
+    on_spot = [(p, raw) for p, raw, partition in requeued if svc.settings.capacity_of(partition) == "spot"]
+    if spec.partition or not on_spot:
+        return
+    view = job_view(spec, now=now, submitted_at=_utc(job.created_at), reclaims=max(p.reclaims for p, _ in on_spot),
+                    current=Capacity.SPOT)
+    decision = svc.policy.on_preempt(view, [], market_view(svc, spec.nodes))
+    if decision.action != Action.MOVE_ONDEMAND:
+        return
+    partition = svc.settings.partition_for("ondemand")
+    plan.move.extend((raw, partition) for _, raw in on_spot)
+    store.add_event(s, "moved", f"pieces {compress(p.idx for p, _ in on_spot)} requeued on {partition} "
+                    f"(policy: {decision.reason})", now=now, job_id=job.id)
 
 
 def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: list[ArrayPiece], now: datetime,

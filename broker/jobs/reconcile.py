@@ -931,7 +931,13 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
 
 
 def _act_arrays(svc: Services, plan: arrays.ArrayPlan, now: datetime) -> None:
-    """The arrays' Slurm actions: start requeued tasks now, sbatch the batches decided."""
+    """The arrays' Slurm actions: move requeued tasks, start them now, sbatch the batches decided."""
+    def moves() -> None:
+        for slurm_id, partition in plan.move:
+            svc.backend.update(slurm_id, partition=partition)
+
+    if plan.move and not _slurm_step(svc, now, "move requeued array tasks", moves):
+        return
     if plan.start_now and not _slurm_step(svc, now, "start requeued array tasks",
                                           lambda: svc.backend.start_now(sorted(set(plan.start_now)))):
         return

@@ -343,3 +343,34 @@ def test_a_chain_waits_in_gbroker_and_is_cancelled_with_what_it_waits_for(world:
     assert gone["state"] == "cancelled" and gone["reason"] == f"cancelled: job {a['id']} it waits for ended " \
         f"cancelled (cancelled by alice)"
     assert gone["pieces"]["line"] == "0/2 done, 2 cancelled"
+
+
+def test_the_policy_sends_a_piece_reclaimed_too_often_to_on_demand(world: World) -> None:
+    """The simple policy moves a job to on-demand after max_spot_reclaims (2 here) reclaims; for an
+    array it is asked about the pieces Slurm requeued, with their own reclaims."""
+    w = world
+    job = submit_array(w, pieces="1-2")
+    w.tick()
+    array_id = next(iter(w.slurm.arrays))
+    t1, t2 = w.slurm.task(array_id, 1), w.slurm.task(array_id, 2)
+    for n in (1, 2):
+        w.slurm.start(t1, f"spot{n}")
+        w.advance(10)
+        w.tick()
+        w.slurm.reclaim(t1)
+        w.tick()
+    assert w.slurm.jobs_by_id[t1].partition == "ondemand" and w.slurm.jobs_by_id[t2].partition == "spot"
+    moved = [e for e in show_job(w.svc, ROOT, job["id"])["events"] if e["kind"] == "moved"]
+    assert [e["message"] for e in moved] == ["pieces 1 requeued on ondemand (policy: reclaimed 2 times)"]
+    for jid in (t1, t2):
+        w.slurm.start(jid, "od1" if jid == t1 else "spot3")
+    w.advance(10)
+    for jid in (t1, t2):
+        w.slurm.finish(jid)
+    w.tick()
+    w.tick()
+    with w.svc.sessions() as s:
+        runs = {(r.slurm_job_id, r.run_index): r for r in s.execute(
+            select(LedgerRun).where(LedgerRun.job_id == job["id"])).scalars()}
+    assert [runs[(t1, i)].partition for i in range(3)] == ["spot", "spot", "ondemand"]
+    assert runs[(t1, 2)].total_micros == 2 * 2000 * 10 and runs[(t1, 0)].lost_s == 10
