@@ -247,10 +247,19 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--follow", is_flag=True, help="Then follow it until it ends, as `gbroker watch`.")
 @pass_ctx
-def show(ctx: Context, job_id: int, as_json: bool) -> None:
+def show(ctx: Context, job_id: int, as_json: bool, follow: bool) -> None:
     """Show one job: its spec, attempts and recent events."""
     job = ctx.call("show", repeatable=True, job_id=job_id)
+    if follow:
+        _show(job, as_json)
+        click.get_current_context().invoke(watch, job_id=job_id)
+        return
+    _show(job, as_json)
+
+
+def _show(job: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(job)
         return

@@ -311,6 +311,7 @@ def sbatch_batch(svc: Services, job_id: int, batch_id: int, *, claimed: bool = F
             spec = stored_spec(job)
             request = array_request(svc, job, spec, batch)
         slurm_id = svc.backend.submit(request)
+        svc.crash.reach("after_sbatch")
         now = svc.clock.now()
         with svc.tx() as s:
             job = must_get(s, Job, job_id)

@@ -374,3 +374,23 @@ def test_the_policy_sends_a_piece_reclaimed_too_often_to_on_demand(world: World)
             select(LedgerRun).where(LedgerRun.job_id == job["id"])).scalars()}
     assert [runs[(t1, i)].partition for i in range(3)] == ["spot", "spot", "ondemand"]
     assert runs[(t1, 2)].total_micros == 2 * 2000 * 10 and runs[(t1, 0)].lost_s == 10
+
+
+def test_an_array_submitted_before_a_crash_is_adopted_by_its_key_not_submitted_again(world: World) -> None:
+    from ledger_fakes import Crash
+
+    w = world
+    w.crash.armed.add("after_sbatch")
+    with pytest.raises(Crash):
+        submit_array(w, pieces="1-3")
+    assert w.slurm.calls["sbatch"] == 1
+    w.restart()
+    w.svc.backend = w.slurm
+    w.tick()
+    w.tick()
+    assert w.slurm.calls["sbatch"] == 1 and len(w.slurm.arrays) == 1
+    (job,) = [j for j in show_job(w.svc, ROOT, 1)["array"]["batches"]]
+    assert job["slurm_array_id"] == next(iter(w.slurm.arrays))
+    shown = show_job(w.svc, ROOT, 1)
+    assert shown["pieces"]["line"] == "0/3 done, 3 pending"
+    assert any(e["kind"] == "adopted" for e in shown["events"])
