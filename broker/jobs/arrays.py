@@ -279,7 +279,6 @@ def _look(
                 for i in _indices(t.array_tasks):  # tasks not started yet, one row for all of them
                     listed[(b.slurm_array_id, i)] = t
     ask: set[int] = set()
-    # Each piece as plain values first: only the pieces the queue shows otherwise are loaded as rows.
     # The pieces the queue shows waiting, as they are stored, need nothing: only their indices are
     # read (a tick over thousands of pieces). The others are read as plain values; only those the
     # queue shows otherwise are loaded as rows and changed.
