@@ -106,3 +106,22 @@ def test_logs_follow_reads_what_comes_until_the_job_ends(monkeypatch: pytest.Mon
     monkeypatch.setattr(cli_main.Context, "call", call)
     out = run("logs", "5", "-f", "--interval", "0").output
     assert out.startswith("one\nline 1\nline 2\n") and "line 3" in out
+
+
+def test_submit_flags_make_an_array_a_sweep_and_a_chain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def call(self: Any, op: str, *, repeatable: bool = False, **args: Any) -> Any:
+        sent.append(args["spec"])
+        return {"id": 9, "name": "x", "partition": "spot", "capacity": "spot", "slurm_job_id": 77}
+
+    monkeypatch.setattr(cli_main.Context, "call", call)
+    monkeypatch.chdir(tmp_path)
+    base = ["submit", "--group", "vision", "--time", "5m"]
+    assert run(*base, "--array", "1-400%16", "--chunk", "10", "--after", "3,4", "--", "python3", "r.py").exit_code == 0
+    assert (sent[-1]["pieces"], sent[-1]["chunk"], sent[-1]["after"]) == ("1-400%16", 10, [3, 4])
+    (tmp_path / "points.txt").write_text("--a 1\n--a 2\n")
+    assert run(*base, "--sweep", "points.txt", "--", "python3", "sim.py").exit_code == 0
+    assert sent[-1]["sweep"] == ["--a 1", "--a 2"] and "pieces" not in sent[-1]
+    bad = run_failing(*base, "--after", "3,x", "--", "true")
+    assert bad.exit_code != 0 and "after: 'x' is not a job number" in bad.output
