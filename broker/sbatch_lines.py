@@ -110,7 +110,7 @@ INSTEAD: dict[str, str] = {
     "uid": "a job always runs as the user who submits it; remove the line",
     "gid": "a job always runs with the groups of the user who submits it; remove the line",
     "comment": "gbroker keeps the job's key in Slurm's comment; use name = ... to label the job",
-    "array": "arrays are not supported yet; submit one job per piece",
+    "array": "arrays are gbroker's: write pieces = \"1-10\" in the job file or gbroker submit --array 1-10 (one Slurm array task per piece)",
     "dependency": "dependencies are not supported yet; submit the next job once this one has finished",
     "kill-on-invalid-dep": "dependencies are not supported yet; remove the line",
     "mail-type": "gbroker does not pass Slurm's mails on; follow the job with `gbroker show <id>`",

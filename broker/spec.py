@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from broker import sbatch_lines
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
+from broker.pieces import MAX_PIECES, Pieces, PiecesError, parse_pieces
 
 if TYPE_CHECKING:
     from broker.pools import GpuRequest
@@ -116,7 +117,14 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "cpus_per_task",
     "mem_per_gpu",
     "mem",
+    "pieces",
+    "chunk",
+    "sweep",
+    "after",
 )
+MAX_SWEEP_LINE_BYTES = 4096
+MAX_AFTER = 64
+"""Jobs one job may wait for (``after``)."""
 WARNING_SIGNALS: tuple[str, ...] = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
 """Signals a job may ask for as its time-limit warning (sent to every process of the job)."""
 TASKS_PER_GPU = "gpu"
@@ -166,6 +174,23 @@ class JobSpec:
     mem_per_gpu_mb: int | None = None
     mem_mb: int | None = None
     """Memory per node; at most one of ``mem_mb`` and ``mem_per_gpu_mb`` is set."""
+    pieces: str | None = None
+    """An array: the indices in Slurm's ``--array`` grammar (``"1-400"``, ``"1-400:2%16"``); None: one job."""
+    chunk: int = 1
+    """Indices per array task (one task runs ``chunk`` consecutive pieces)."""
+    sweep: tuple[tuple[str, ...], ...] = ()
+    """A sweep: the arguments of each piece (piece i gets line i), appended to the command."""
+    after: tuple[int, ...] = ()
+    """gbroker jobs that must complete before this one is submitted (``afterok``)."""
+
+    @property
+    def is_array(self) -> bool:
+        return self.pieces is not None
+
+    def array(self) -> Pieces:
+        """The array's pieces (only for ``is_array``)."""
+        assert self.pieces is not None
+        return parse_pieces(self.pieces, self.chunk)
 
     @property
     def gpus(self) -> int:
@@ -307,6 +332,14 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         out["mem_per_gpu"] = f"{spec.mem_per_gpu_mb}M"
     if spec.mem_mb is not None:
         out["mem"] = f"{spec.mem_mb}M"
+    if spec.sweep:
+        out["sweep"] = [shlex.join(args) for args in spec.sweep]
+    elif spec.pieces is not None:
+        out["pieces"] = spec.pieces
+    if spec.chunk != 1:
+        out["chunk"] = spec.chunk
+    if spec.after:
+        out["after"] = list(spec.after)
     return out
 
 
@@ -519,6 +552,12 @@ class _Parser:
         cpus_per_task = check(self.cpus_per_task, data, fallback=None)
         mem_per_gpu_mb = check(self.size_mb, data, "mem_per_gpu", fallback=None)
         mem_mb = check(self.size_mb, data, "mem", fallback=None)
+        no_sweep: tuple[tuple[str, ...], ...] = ()
+        sweep = check(self.sweep, data, fallback=no_sweep)
+        chunk = check(self.integer, data, "chunk", 1, 1, 100_000, "the largest array", fallback=1)
+        pieces = check(self.pieces, data, sweep, chunk, fallback=None)
+        no_after: tuple[int, ...] = ()
+        after = check(self.after, data, fallback=no_after)
         name_raw = check(self.string, data, "name", fallback=None)
         name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
                 else _default_name(command, script_path, kind))
@@ -529,13 +568,91 @@ class _Parser:
             script_path=script_path, workdir=workdir, env=env, max_retries=max_retries,
             signal_lead_s=signal_lead_s, warning_signal=warning_signal, tasks_per_node=tasks_per_node,
             gpu_types=gpu_types, gpu_mem_gb=gpu_mem_gb, cpus_per_gpu=cpus_per_gpu, cpus_per_task=cpus_per_task,
-            mem_per_gpu_mb=mem_per_gpu_mb, mem_mb=mem_mb,
+            mem_per_gpu_mb=mem_per_gpu_mb, mem_mb=mem_mb, pieces=pieces, chunk=chunk, sweep=sweep, after=after,
         )
         check(self.check_resources, spec, fallback=None)
         if errors:
             raise _combine(errors)
         assert time_limit_s is not None
         return spec
+
+    # -- arrays and chains -----------------------------------------------------
+
+    def sweep(self, data: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+        """``sweep``: the lines of a sweep file (one piece's arguments a line), as the CLI read them.
+
+        A path is read here on the CLI side (as the user); the daemon only takes the lines.
+        """
+        value = data.get("sweep")
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            if not self.read_files:
+                raise self.fail("sweep", "arrived as a path; the client must send the file's lines",
+                                hint="submit with the gbroker command, which reads the sweep file as you")
+            value = _read_sweep(self.path("sweep", value))
+        if not isinstance(value, list) or not value:
+            raise self.fail("sweep", "must be a file path or a non-empty list of argument lines",
+                            hint='sweep = "/abs/path/points.txt" (one line of arguments per piece)')
+        if len(value) > MAX_PIECES:
+            raise self.fail("sweep", f"has {len(value)} lines; an array has at most {MAX_PIECES} pieces")
+        out = []
+        for i, line in enumerate(value, start=1):
+            where = f"sweep line {i}"
+            if not isinstance(line, str):
+                raise self.fail(where, f"must be a string, got {_type_name(line)}")
+            if "\x00" in line or "\n" in line or "\r" in line or not _is_utf8(line):
+                raise self.fail(where, "contains a NUL, a line break or text that is not UTF-8")
+            if len(line.encode()) > MAX_SWEEP_LINE_BYTES:
+                raise self.fail(where, f"longer than {MAX_SWEEP_LINE_BYTES} bytes", hint="put long input in a file")
+            try:
+                out.append(tuple(shlex.split(line)))
+            except ValueError as exc:
+                raise self.fail(where, f"{line!r} cannot be split into arguments ({exc})",
+                                hint="close every quote; the line is split as a shell would, but no shell runs it") \
+                    from None
+        return tuple(out)
+
+    def pieces(self, data: Mapping[str, Any], sweep: tuple[tuple[str, ...], ...], chunk: int) -> str | None:
+        value = data.get("pieces")
+        if sweep:
+            if value is not None:
+                raise self.fail("pieces", "give pieces or a sweep, not both (a sweep has a piece per line)",
+                                hint="leave pieces out: the sweep's lines are pieces 1-N")
+            return f"1-{len(sweep)}" if len(sweep) > 1 else "1"
+        if value is None:
+            if data.get("chunk", 1) != 1:
+                raise self.fail("chunk", "only an array has chunks", hint='add pieces = "1-400", or leave chunk out')
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise self.fail("pieces", f"must be a string like \"1-400\", got {_type_name(value)} {value!r}")
+        try:
+            parsed = parse_pieces(value, chunk)
+        except PiecesError as exc:
+            raise self.fail("pieces", str(exc),
+                            hint='e.g. "1-400", "1-400:2" (every second), "1,5,9-12", "1-400%16" (16 at a time)') \
+                from None
+        return value.strip() if parsed.indices else None
+
+    def after(self, data: Mapping[str, Any]) -> tuple[int, ...]:
+        value = data.get("after")
+        if value is None:
+            return ()
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise self.fail("after", f"must be a list of job numbers, got {_type_name(value)} {value!r}",
+                            hint="after = [12, 13]  or  --after 12,13")
+        if len(value) > MAX_AFTER:
+            raise self.fail("after", f"at most {MAX_AFTER} jobs, got {len(value)}")
+        out = []
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise self.fail("after", f"{v!r} is not a job number", hint="gbroker status lists your jobs")
+            out.append(v)
+        return tuple(dict.fromkeys(out))
 
     # -- what a node must have -------------------------------------------------
 
@@ -1010,6 +1127,24 @@ def _clean_path(path: str) -> str:
 
 def _base_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _read_sweep(path: str) -> list[str]:
+    """The lines of a sweep file (CLI side, as the user): blank lines and ``#`` comments left out."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JOB_FILE_BYTES * 8 + 1)
+    except OSError as exc:
+        raise SpecError(f"sweep: cannot read {path} ({exc.strerror or exc})",
+                        hint="check the path and that you may read the file") from exc
+    if len(raw) > MAX_JOB_FILE_BYTES * 8:
+        raise SpecError(f"sweep: {path} is larger than 8 MiB", hint="a sweep file holds one line of arguments a piece")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"sweep: {path} is not valid UTF-8 (byte {exc.start})", hint="save it as UTF-8") from exc
+    lines = [ln.strip() for ln in text.splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
 def _read_script(path: str) -> str:

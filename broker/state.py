@@ -87,6 +87,9 @@ class Services:
     """(user, group, partition, nodes, gpus) -> until when Slurm's ``sbatch --test-only`` pass holds."""
     warned: set[tuple[object, ...]] = field(default_factory=set)
     """Warnings already logged once (a missing price is retried every tick, said once)."""
+    array_seen: dict[int, int] = field(default_factory=dict)
+    """Array job id -> a digest of what the queue showed of its tasks at the last tick that
+    settled everything: an array the queue shows the same again is skipped (broker/jobs/arrays.py)."""
 
     def __post_init__(self) -> None:
         self.saves = SaveWatcher(self.files)

@@ -126,6 +126,34 @@ def can_move_attempt(src: AttemptState, dst: AttemptState) -> bool:
     return src == dst or dst in ATTEMPT_ALLOWED[src]
 
 
+class PieceState(str, Enum):
+    """One piece of an array (one Slurm array task: a chunk of indices)."""
+
+    WAITING = "waiting"
+    """Not in Slurm: its batch is not submitted yet, or it waits for a retry batch."""
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    """Failed more than ``max_retries`` times; the array reports it."""
+    CANCELLED = "cancelled"
+
+
+PIECE_FINAL: frozenset[PieceState] = frozenset({PieceState.DONE, PieceState.FAILED, PieceState.CANCELLED})
+_P = PieceState
+PIECE_ALLOWED: dict[PieceState, frozenset[PieceState]] = {
+    _P.WAITING: frozenset({_P.PENDING, _P.RUNNING} | PIECE_FINAL),
+    _P.PENDING: frozenset({_P.RUNNING, _P.WAITING} | PIECE_FINAL),
+    _P.RUNNING: frozenset({_P.PENDING, _P.WAITING} | PIECE_FINAL),
+}
+for _f in PIECE_FINAL:
+    PIECE_ALLOWED[_f] = frozenset()
+
+
+def can_move_piece(src: PieceState, dst: PieceState) -> bool:
+    return src == dst or dst in PIECE_ALLOWED[src]
+
+
 class NodeState(str, Enum):
     """Power and use state of a node, as gbroker sees it."""
 

@@ -198,6 +198,7 @@ LANE_ORDER = (
     ("tests/integration/test_devcluster.py", 190),
     ("tests/integration/test_nodes.py", 165),
     ("tests/integration/test_backend_contract.py", 95),
+    ("tests/integration/test_arrays.py", 150),
     ("tests/integration/test_operations.py", 95),
     ("tests/integration/test_job_resources.py", 30),
     ("tests/frameworks/test_torchrun.py", 50),

@@ -36,6 +36,9 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         script = data.get("script")
         if isinstance(script, str) and "\n" not in script and not os.path.isabs(script):
             data["script"] = str(base / script)
+        sweep = data.get("sweep")
+        if isinstance(sweep, str) and not os.path.isabs(sweep):
+            data["sweep"] = str(base / sweep)
     for key, value in flags.items():
         if value is None:
             continue
@@ -48,6 +51,12 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
                 data["gpu"] = [name.strip() for item in value for name in item.split(",")]
         elif key == "script_path":
             data["script"] = os.path.abspath(value)
+        elif key == "array":
+            data["pieces"] = value
+        elif key == "sweep":
+            data["sweep"] = os.path.abspath(value)  # read as you, by the spec parser; the daemon gets the lines
+        elif key == "after":
+            data["after"] = _job_numbers(value)
         elif key == "env":
             env = dict(data.get("env") or {})
             for item in value:
@@ -107,6 +116,13 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 @click.option("--script", "script_path", metavar="FILE", help="A batch script to run.")
 @click.option("--env", "-e", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable).")
 @click.option("--max-retries", type=int, help="Retries after the program's own failures [default: 2].")
+@click.option("--array", metavar="PIECES",
+              help="Run as an array of pieces, Slurm's --array grammar: 1-400, 1-400:2, 1,5,9-12, 1-400%16 "
+              "(16 at a time). Each piece gets GBROKER_PIECE.")
+@click.option("--chunk", type=int, metavar="N", help="Pieces per array task (GBROKER_PIECE_FIRST.._LAST) [default: 1].")
+@click.option("--sweep", metavar="FILE",
+              help="A sweep: one line of arguments per piece, appended to the command (read as you).")
+@click.option("--after", metavar="ID[,ID...]", help="Start only after these jobs completed (afterok).")
 @click.option("--key", metavar="KEY",
               help="Idempotency key (gb- and 8-40 lower-case letters or digits): submitting again with the "
               "same key returns the first job instead of making a second [default: a new one each time].")
@@ -149,6 +165,15 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
         click.echo(f"  note: {result['note']}")
 
 
+def _job_numbers(text: str) -> list[int]:
+    out = []
+    for item in str(text).split(","):
+        if not item.strip().isdigit():
+            raise SpecError(f"after: {item.strip()!r} is not a job number", hint="--after 12,13")
+        out.append(int(item))
+    return out
+
+
 def _new_key() -> str:
     import secrets
 
@@ -189,6 +214,15 @@ def status(ctx: Context, all_users: bool, as_json: bool) -> None:
         click.echo("No active jobs. `gbroker history` lists finished ones.")
     else:
         print_table(_job_rows(jobs), _JOB_HEADERS)
+        _progress_lines(jobs)
+
+
+def _progress_lines(jobs: list[dict[str, Any]]) -> None:
+    arrays = [j for j in jobs if j.get("pieces")]
+    if arrays:
+        click.echo("")
+    for j in arrays:
+        click.echo(f"  job {j['id']} pieces: {j['pieces']['line']}")
 
 
 cli.add_command(status, "ls")
@@ -213,10 +247,19 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--follow", is_flag=True, help="Then follow it until it ends, as `gbroker watch`.")
 @pass_ctx
-def show(ctx: Context, job_id: int, as_json: bool) -> None:
+def show(ctx: Context, job_id: int, as_json: bool, follow: bool) -> None:
     """Show one job: its spec, attempts and recent events."""
     job = ctx.call("show", repeatable=True, job_id=job_id)
+    if follow:
+        _show(job, as_json)
+        click.get_current_context().invoke(watch, job_id=job_id)
+        return
+    _show(job, as_json)
+
+
+def _show(job: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(job)
         return
@@ -229,6 +272,13 @@ def show(ctx: Context, job_id: int, as_json: bool) -> None:
         click.echo(f"  deadline   {job['deadline']}")
     if job.get("log"):
         click.echo(f"  log        {job['log']}")
+    if job.get("pieces"):
+        click.echo(f"  pieces     {job['pieces']['line']}")
+        for state, ranges in (job.get("array") or {}).get("by_state", {}).items():
+            click.echo(f"    {state:<10} {ranges}")
+        failed = [p for p in (job.get("array") or {}).get("pieces", []) if p["state"] == "failed"]
+        for p in failed[:20]:
+            click.echo(f"    piece {p['piece']} failed: {p['reason']}")
     click.echo("")
     rows = [
         [
@@ -259,3 +309,115 @@ def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     result = ctx.call("cancel", job_ids=list(job_ids))
     for item in result:
         click.echo(f"Job {item['id']}: {item['state']}")
+
+
+ENDED = ("completed", "failed", "cancelled", "timeout", "deadline_missed")
+"""Job states after which nothing more happens (``broker.states.TERMINAL``'s values)."""
+
+
+def _progress_text(job: dict[str, Any]) -> str:
+    from broker.pieces import bar
+
+    pieces = job.get("pieces")
+    if pieces:
+        return f"job {job['id']} {bar(pieces['counts'].get('done', 0), pieces['total'])} {pieces['line']}"
+    return f"job {job['id']} {job['state']}" + (f" — {job['reason']}" if job.get("reason") else "")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between looks.")
+@pass_ctx
+def watch(ctx: Context, job_id: int, interval: float) -> None:
+    """Follow a job until it ends: a progress bar for an array, its state for a job."""
+    import sys
+    import time
+
+    tty = sys.stdout.isatty()
+    last = ""
+    while True:
+        job = ctx.call("show", repeatable=True, job_id=job_id)
+        text = _progress_text(job)
+        if text != last:
+            if tty:
+                click.echo("\r" + text.ljust(len(last)), nl=False)
+            else:
+                click.echo(text)
+            last = text
+        if job["state"] in ENDED:
+            if tty:
+                click.echo("")
+            click.echo(f"job {job_id} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
+            return
+        time.sleep(max(0.2, interval))
+
+
+def _attempt_of(line: str) -> int | None:
+    """The attempt a batch script's start line names (``=== gbroker: job 7 attempt 2 starts: ...``)."""
+    import re
+
+    m = re.match(r"=== gbroker: job \S+ attempt (\d+) starts", line)
+    return int(m.group(1)) if m else None
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--piece", type=int, help="An array's piece (its GBROKER_PIECE).")
+@click.option("--attempt", type=int, help="Only this attempt's output (the lines after its start line).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the job writes, across attempts, until it ends.")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between looks with --follow.")
+@pass_ctx
+def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, follow: bool, interval: float) -> None:
+    """Print a job's output (read as you: the daemon only says where the log is)."""
+    import sys
+    import time
+
+    job = ctx.call("show", repeatable=True, job_id=job_id)
+    path = job.get("log")
+    if piece is not None:
+        found = [p for p in (job.get("array") or {}).get("pieces", []) if p["piece"] == piece]
+        if not job.get("array"):
+            raise SpecError(f"job {job_id} is not an array", hint=f"gbroker logs {job_id} (without --piece)")
+        if not found:
+            known = (job.get("array") or {}).get("by_state", {})
+            raise SpecError(f"job {job_id} has no piece {piece}",
+                            hint="its pieces: " + "; ".join(f"{k} {v}" for k, v in known.items()))
+        path = found[0]["log"]
+    if not path:
+        raise SpecError(f"job {job_id} has no log recorded", hint="it was submitted before gbroker kept logs")
+    offset = 0
+    shown = attempt is None
+    pending = ""
+    while True:
+        try:
+            with open(path, "rb") as fh:  # as you: this command runs with your rights, not the daemon's
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            data = b""
+            if not follow:
+                click.echo(f"job {job_id}: no output yet ({path} does not exist)", err=True)
+                return
+        except OSError as exc:
+            raise SpecError(f"cannot read {path}: {exc.strerror or exc}",
+                            hint="only the job's owner may read its log") from None
+        offset += len(data)
+        text = pending + data.decode("utf-8", "replace")
+        lines = text.split("\n")
+        pending = lines.pop()  # an unfinished last line waits for its end
+        for line in lines:
+            started = _attempt_of(line)
+            if attempt is not None and started is not None:
+                shown = started == attempt
+            if shown:
+                sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        if not follow:
+            if pending and shown:
+                sys.stdout.write(pending + "\n")
+            return
+        if ctx.call("show", repeatable=True, job_id=job_id)["state"] in ENDED and not data:
+            if pending and shown:
+                sys.stdout.write(pending + "\n")
+            return
+        time.sleep(max(0.1, interval))

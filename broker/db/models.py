@@ -168,3 +168,4 @@ def _events_are_append_only(_mapper: Any, _conn: Any, target: Event) -> None:
 from broker.db import ledger_models as _ledger_models  # noqa: F401,E402  (money tables on the same metadata)
 from broker.db import node_models as _node_models  # noqa: F401,E402  (node billing tables on the same metadata)
 from broker.db import ops_models as _ops_models  # noqa: F401,E402  (the notification outbox on the same metadata)
+from broker.db import array_models as _array_models  # noqa: F401,E402  (array pieces on the same metadata)

@@ -10,7 +10,7 @@ from broker.caller import Caller, Handler
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
 from broker.state import Services, must_get
-from broker.jobs import lifecycle
+from broker.jobs import arrays, lifecycle
 from broker.jobs.placement import pool_table
 from broker.jobs.submit import submit
 from broker.jobs.views import job_detail, job_summary
@@ -142,6 +142,10 @@ def cancel_jobs(svc: Services, caller: Caller, job_ids: list[int]) -> list[dict[
                 .where(Job.id.in_(live), Attempt.slurm_job_id.is_not(None))
             ).all()
         ]
+        keys = {j.id: (j.key, j.owner_name) for j in jobs}
+        array_bound = [(a, *keys[j]) for j, a in arrays.slurm_arrays(s, live)]
+    if array_bound:
+        arrays.cancel_arrays(svc, array_bound)  # Slurm first, as below
     if bound:
         from broker.ownership import verified
 

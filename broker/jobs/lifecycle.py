@@ -24,7 +24,17 @@ from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.db.store import IllegalTransition
 from broker.slurm.backend import SlurmJob
-from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, AttemptState, JobState, can_move_attempt
+from broker.db.array_models import ArrayPiece
+from broker.states import (
+    ATTEMPT_RUNNING,
+    ATTEMPT_TERMINAL,
+    PIECE_FINAL,
+    AttemptState,
+    JobState,
+    PieceState,
+    can_move_attempt,
+    can_move_piece,
+)
 from policies import Capacity
 
 MAX_CONTINUATIONS = 200
@@ -233,8 +243,73 @@ def job_ended(
 
 
 def job_cancelled(s: Session, job: Job, why: str, now: datetime) -> None:
-    """The job was cancelled (by its owner or an admin): every attempt still going ends cancelled too."""
+    """The job was cancelled (by its owner or an admin): every attempt still going ends cancelled
+    too, and so does every piece of an array not done yet."""
     for a in store.job_attempts(s, job.id):
         if a.state not in ATTEMPT_TERMINAL:
             attempt_ended(a, AttemptState.CANCELLED, ended_at=a.ended_at or now)
+    pieces = s.execute(select(ArrayPiece).where(ArrayPiece.job_id == job.id,
+                                                ArrayPiece.state.not_in(list(PIECE_FINAL)))).scalars()
+    for p in pieces:
+        piece_settled(p, PieceState.CANCELLED, why, now)
     store.set_job_state(s, job, JobState.CANCELLED, why, now=now)
+
+
+# -- the pieces of an array -------------------------------------------------------------
+def _piece_to(p: ArrayPiece, state: PieceState) -> None:
+    old = PieceState(p.state)
+    if not can_move_piece(old, state):
+        raise IllegalTransition(
+            f"piece {p.idx} of job {p.job_id}: cannot move from {old.value} to {state.value}",
+            hint="this is a gbroker bug or a stale view of the job; reload it and retry",
+        )
+    p.state = state
+
+
+def piece_seen(p: ArrayPiece, state: PieceState, now: datetime, *, nodes: str = "",
+               started_at: datetime | None = None) -> bool:
+    """The queue shows the piece's task waiting (PENDING) or running (RUNNING); True when that is news."""
+    if p.state == state and (state != PieceState.RUNNING or (p.nodes == nodes and p.started_at == started_at)):
+        return False
+    _piece_to(p, state)
+    if state == PieceState.RUNNING:
+        p.nodes, p.started_at = nodes, started_at
+    p.updated_at = now
+    return True
+
+
+def piece_settled(p: ArrayPiece, state: PieceState, reason: str, now: datetime) -> None:
+    """The piece is done, failed for good, cancelled, or waits (WAITING) for a retry batch or Slurm's requeue."""
+    _piece_to(p, state)
+    p.reason = reason
+    p.updated_at = now
+    if state != PieceState.RUNNING:
+        p.started_at = None
+
+
+def piece_run_ended(
+    s: Session, job: Job, p: ArrayPiece, *, slurm_id: int, run: int, partition: str | None, capacity: Capacity,
+    state: AttemptState, nodes: str, started_at: datetime | None, ended_at: datetime | None,
+    exit_code: int | None, lost_s: int, outcome: str, now: datetime,
+) -> Attempt:
+    """One run of a piece ended: it is recorded as an attempt of the array (the ledger charges it by
+    ``slurm_id``, the task's own Slurm id, and ``run``), with the work it lost."""
+    att = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
+    att.slurm_job_id, att.slurm_restarts = slurm_id, run
+    att.nodes, att.started_at, att.exit_code = nodes, started_at, exit_code
+    att.submitted_at = started_at or now
+    attempt_ended(att, state, ended_at=ended_at or now, outcome=outcome, lost_s=lost_s)
+    p.runs = run + 1
+    p.exit_code = exit_code
+    if state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
+        p.reclaims = (p.reclaims or 0) + 1
+        job.reclaims = (job.reclaims or 0) + 1
+    elif state in (AttemptState.FAILED, AttemptState.TIMEOUT):
+        p.failures = (p.failures or 0) + 1
+    return att
+
+
+def array_moved(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:
+    """The array as a whole follows its pieces: pending, running, or ended (completed, failed, cancelled)."""
+    if job.state != state or (job.reason or "") != reason:
+        store.set_job_state(s, job, state, reason, now=now)

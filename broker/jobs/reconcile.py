@@ -28,7 +28,8 @@ from broker.db.models import Attempt, Event, Job
 from broker.errors import BrokerError, SlurmError, SlurmUnavailable, SpecError
 from broker.money import budgets
 from broker.state import Services, must_get
-from broker.jobs import lifecycle
+from broker.jobs import arrays, lifecycle
+from broker.jobs.chains import chain_blocks
 from broker.jobs.placement import (
     attempt_views,
     fitting_pools,
@@ -43,7 +44,14 @@ from broker.jobs.placement import (
     reclaim_history_by_partition,
 )
 from broker.ownership import is_ours
-from broker.jobs.submit import checkpoint_dir_of, log_path_of, sbatch_attempt, slurm_name, stored_spec
+from broker.jobs.submit import (
+    checkpoint_dir_of,
+    log_path_of,
+    sbatch_attempt,
+    sbatch_batch,
+    slurm_name,
+    stored_spec,
+)
 from broker.userfiles import SaveFacts
 from broker.checkpoint.manifest import RESUME_EXIT
 from broker.slurm.backend import SacctRow, SlurmJob
@@ -116,6 +124,7 @@ def active_with_latest(session: Session) -> list[tuple[Job, Attempt]]:
         .join(latest, latest.c.job_id == Job.id)
         .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
         .where(Job.state.not_in(list(TERMINAL)))
+        .where(arrays.not_an_array())  # arrays follow their pieces (broker/jobs/arrays.py)
         .order_by(Job.id)
         .options(lazyload(Job.attempts))  # the latest attempt is already in the row
     )
@@ -137,6 +146,8 @@ def reconcile(svc: Services) -> None:
     # squeue also lists jobs that just ended; sacct is the truth for those. A job
     # being requeued (REQUEUED...) is alive: its next run is coming.
     queue = [j for j in queue if j.state not in ATTEMPT_TERMINAL or j.state_raw.startswith("REQUEUE")]
+    tasks = [j for j in queue if j.array_task is not None or j.array_tasks is not None]
+    queue = [j for j in queue if j.array_task is None and j.array_tasks is None]  # tasks are the arrays' own
     by_id = {j.job_id: j for j in queue}
     by_name = {j.name: j for j in queue}
     plan = TickPlan()
@@ -199,6 +210,8 @@ def reconcile(svc: Services) -> None:
                     plan.sbatch.append((job.id, att.id))
 
     _act(svc, plan, now)
+    if svc.next_try_at is None or svc.next_try_at <= now:
+        _act_arrays(svc, arrays.reconcile_arrays(svc, tasks, now, listed_at), now)
 
 
 def _look(
@@ -213,6 +226,8 @@ def _look(
             _adopt(s, job, att, found, now)
             _follow(s, svc, job, att, found, now, plan, need_history)
         elif found is None:
+            if att.number == 1 and att.submitted_at is None and chain_blocks(s, svc, job, now) is not None:
+                return  # a chain: waits for the jobs named in `after` (or was just cancelled with them)
             unconfirmed.append((job, att))
     elif att.slurm_job_id in by_id:
         sj = by_id[att.slurm_job_id]
@@ -922,6 +937,32 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
                 att = must_get(s, Attempt, attempt_id)
                 lifecycle.job_ended(s, job, att, JobState.FAILED, f"the resubmission was refused: {why}", now,
                                     ended_at=now)
+
+
+def _act_arrays(svc: Services, plan: arrays.ArrayPlan, now: datetime) -> None:
+    """The arrays' Slurm actions: move requeued tasks, start them now, sbatch the batches decided."""
+    def moves() -> None:
+        for slurm_id, partition in plan.move:
+            svc.backend.update(slurm_id, partition=partition)
+
+    if plan.move and not _slurm_step(svc, now, "move requeued array tasks", moves):
+        return
+    if plan.start_now and not _slurm_step(svc, now, "start requeued array tasks",
+                                          lambda: svc.backend.start_now(sorted(set(plan.start_now)))):
+        return
+    for job_id, batch_id in plan.sbatch:
+        try:
+            sbatch_batch(svc, job_id, batch_id)
+        except SlurmUnavailable as exc:
+            svc.slurm_down(now, str(exc))
+            return
+        except BrokerError as exc:
+            why = exc.stderr.strip() if isinstance(exc, SlurmError) else exc.message
+            log.warning("array job %s: batch refused: %s", job_id, why)
+            with svc.tx() as s:
+                job = must_get(s, Job, job_id)
+                if JobState(job.state) not in TERMINAL:
+                    lifecycle.job_cancelled(s, job, f"Slurm refused the array: {why}", now)
 
 
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:

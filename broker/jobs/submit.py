@@ -23,13 +23,15 @@ from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.money.admission import admit
 from broker.state import Services, must_get
-from broker.jobs import lifecycle
+from broker.db.array_models import ArrayBatch
+from broker.jobs import arrays, lifecycle
+from broker.jobs.chains import chain_blocks, check_after
 from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
 from broker.jobs.views import job_summary
 from broker.slurm.backend import SubmitRequest
-from broker.slurm.script import render_batch_script
+from broker.slurm.script import ArrayPart, render_batch_script
 from broker.spec import JobSpec, spec_from_dict
-from broker.states import JobState
+from broker.states import TERMINAL, JobState
 from policies import Capacity
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,11 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
 
     # The whole sbatch request, validated now: nothing about it can fail after the intent.
     request_for(spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
-                owner_name=caller.name, log_path="/dev/null", gres_type=gres_type_for(spec, pool))
+                owner_name=caller.name, log_path="/dev/null", gres_type=gres_type_for(spec, pool),
+                **_array_args(spec))
+    if spec.after:
+        with svc.sessions() as s:
+            check_after(s, caller.uid, caller.is_admin, spec.after)
     preflight(svc, caller, spec, partition, Capacity(capacity))
     log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
     try:
@@ -92,8 +98,21 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
         raise
     svc.crash.reach("after_intent")
 
+    if spec.after:
+        # A chain: the tick submits it once every job it waits for has completed (broker/jobs/chains.py).
+        svc.sbatch_finished(arrays.claim_id(-attempt_id) if spec.is_array else attempt_id, committed=False)
+        with svc.tx() as s:
+            job = must_get(s, Job, job_id)
+            why = chain_blocks(s, svc, job, now)
+            result = job_summary(s, job, now)
+        result["note"] = why or "submitted at the next tick"
+        result["slurm_job_id"] = None
+        return result
     try:
-        slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
+        if spec.is_array:
+            slurm_id = sbatch_batch(svc, job_id, -attempt_id, claimed=True)
+        else:
+            slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
     except SlurmUnavailable as exc:
         slurm_id = None
         note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
@@ -158,6 +177,20 @@ def _store_intent(
             now=now,
         )
         job.log_path = log_path
+        if spec.is_array:
+            # An array: its pieces and first batch; "attempt id" -batch id (batch claims are negative).
+            batch = arrays.store_pieces(s, job, spec, partition, Capacity(capacity), now)
+            count = len(spec.array().chunks())
+            store.add_event(s, "intent", f"place {count} pieces on {partition} ({placed_by}); sbatch next",
+                            now=now, job_id=job.id)
+            job_id, attempt_id = job.id, -batch.id
+            svc.claim_sbatch(arrays.claim_id(batch.id))
+            try:
+                s.commit()
+            except BaseException:
+                svc.sbatch_finished(arrays.claim_id(batch.id), committed=False)
+                raise
+            return job_id, attempt_id, admission.note
         attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
         store.add_event(s, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now, job_id=job.id)
         s.flush()
@@ -244,6 +277,60 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
     return slurm_id
 
 
+def _array_args(spec: JobSpec) -> dict[str, Any]:
+    """request_for's arguments for an array's first batch (none for a plain job)."""
+    if not spec.is_array:
+        return {}
+    return {"array": arrays.array_part(spec), "array_indices": arrays.array_indices(spec)}
+
+
+def array_request(svc: Services, job: Job, spec: JobSpec, batch: ArrayBatch) -> SubmitRequest:
+    """The sbatch request of one batch of an array: its pieces' indices as one Slurm job array."""
+    partition = batch.partition or svc.settings.partition_for(batch.capacity.value)
+    limit = spec.array().limit
+    return request_for(
+        spec, job_id=job.id, key=job.key, attempt_number=batch.number, partition=partition,
+        capacity=Capacity(batch.capacity), owner_name=job.owner_name, log_path=job.log_path,
+        gres_type=gres_type_for(spec, svc.settings.pool_of(partition)),
+        array=arrays.array_part(spec), array_indices=f"{batch.indices}%{limit}" if limit else batch.indices,
+    )
+
+
+def sbatch_batch(svc: Services, job_id: int, batch_id: int, *, claimed: bool = False) -> int | None:
+    """sbatch one stored batch as one Slurm job array and record its id (as ``sbatch_attempt`` does for a job)."""
+    cid = arrays.claim_id(batch_id)
+    if not claimed and not svc.claim_sbatch(cid):
+        return None
+    committed = False
+    try:
+        with svc.sessions() as s:
+            job = must_get(s, Job, job_id)
+            batch = must_get(s, ArrayBatch, batch_id)
+            if batch.slurm_array_id is not None:
+                return batch.slurm_array_id
+            spec = stored_spec(job)
+            request = array_request(svc, job, spec, batch)
+        slurm_id = svc.backend.submit(request)
+        svc.crash.reach("after_sbatch")
+        now = svc.clock.now()
+        with svc.tx() as s:
+            job = must_get(s, Job, job_id)
+            batch = must_get(s, ArrayBatch, batch_id)
+            batch.slurm_array_id, batch.submitted_at = slurm_id, now
+            wanted = JobState(job.state) not in TERMINAL
+            if wanted and job.state in (JobState.ADMITTED, JobState.UNKNOWN):
+                lifecycle.array_moved(s, job, JobState.PENDING, f"Slurm job array {slurm_id}", now)
+            store.add_event(s, "submitted", f"batch {batch.number} (pieces {batch.indices}) is Slurm job array "
+                            f"{slurm_id} on {batch.partition}", now=now, job_id=job.id)
+        committed = True
+    finally:
+        svc.sbatch_finished(cid, committed=committed)
+    if not wanted:
+        svc.backend.cancel([slurm_id])
+    return slurm_id
+
+
+
 def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> SubmitRequest:
     partition = attempt.partition or svc.settings.partition_for(attempt.capacity.value)
     return request_for(
@@ -288,6 +375,8 @@ def request_for(
     owner_name: str,
     log_path: str | None,
     gres_type: str | None = None,
+    array: ArrayPart | None = None,
+    array_indices: str | None = None,
 ) -> SubmitRequest:
     """The sbatch request for one attempt of ``spec``: its script, size, resources and options.
 
@@ -312,12 +401,16 @@ def request_for(
         warning_signal_s=lead,
         warning_signal=spec.warning_signal or "USR1",
         env=spec.env,
+        array=array,
         **program,  # type: ignore[arg-type]
     )
+    output = log_path or f"{workdir.rstrip('/')}/gbroker-{job_id}.out"
+    if array_indices is not None:
+        output = arrays.piece_log(output, "%a")  # a log per piece, next to the job's
     return SubmitRequest(
         script=script,
         partition=partition,
-        job_name=slurm_name(key, attempt_number),
+        job_name=arrays.batch_name(key, attempt_number) if array_indices is not None else slurm_name(key, attempt_number),
         comment=key,
         account=spec.group,
         user=owner_name if _daemon_is_root() else None,
@@ -326,7 +419,7 @@ def request_for(
         gpus_per_node=spec.gpus_per_node,
         time_limit_s=spec.time_limit_s,
         # Jobs stored before logs were made at submit keep their old name.
-        output=log_path or f"{workdir.rstrip('/')}/gbroker-{job_id}.out",
+        output=output,
         # Every job may be requeued: by Slurm when its node fails, by gbroker to move it, by
         # the program itself to go on after its time limit (Lightning's auto_requeue).
         requeue=True,
@@ -337,6 +430,7 @@ def request_for(
         cpus_per_task=spec.cpus_per_task,
         mem_mb=spec.mem_mb,
         mem_per_gpu_mb=spec.mem_per_gpu_mb,
+        array=array_indices,
     )
 
 
@@ -375,7 +469,7 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
         return
     req = request_for(
         spec, job_id=0, key="gb-preflight", attempt_number=1, partition=partition, capacity=capacity,
-        owner_name=caller.name, log_path="/dev/null", gres_type=gres_type,
+        owner_name=caller.name, log_path="/dev/null", gres_type=gres_type, **_array_args(spec),
     )
     try:
         svc.backend.check(req)

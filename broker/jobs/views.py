@@ -50,7 +50,15 @@ def job_summary(session: Session, job: Job, now: datetime) -> dict[str, Any]:
         "created_at": _iso(job.created_at),
         "finished_at": _iso(job.finished_at),
         "age_s": _age(job, now),
+        **_pieces(session, job),
     }
+
+
+def _pieces(session: Session, job: Job) -> dict[str, Any]:
+    from broker.jobs.arrays import array_summary
+
+    summary = array_summary(session, job)
+    return {} if summary is None else {"pieces": summary}
 
 
 def attempt_dict(a: Attempt) -> dict[str, Any]:
@@ -80,4 +88,8 @@ def job_detail(session: Session, job: Job, now: datetime) -> dict[str, Any]:
     ).scalars()
     out["events"] = [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events]
     out["log"] = job.log_path
+    if "pieces" in out:
+        from broker.jobs.arrays import array_detail
+
+        out["array"] = array_detail(session, job)
     return out

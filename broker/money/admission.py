@@ -49,7 +49,9 @@ def admit(
     """Raise AdmissionRefused (with the numbers) or return what to reserve."""
     settings = svc.settings
     book = pricebook.load(session, settings)
-    size = B.JobSize(spec.gpus, spec.time_limit_s)
+    # An array is estimated whole: every task may run its full time limit on its GPUs.
+    tasks = len(spec.array().chunks()) if spec.is_array else 1
+    size = B.JobSize(spec.gpus * tasks, spec.time_limit_s)
     estimates: dict[str, int | None] = {capacity: B.attempt_estimate(book, partition, capacity, size, now)}
     for other in ("spot", "ondemand"):
         if other == capacity or (other == "spot" and not spec.interruptible):

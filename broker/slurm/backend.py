@@ -75,6 +75,8 @@ class SubmitRequest:
     mem_mb: int | None = None
     """Memory per node, MB (``--mem``); at most one of ``mem_mb`` and ``mem_per_gpu_mb``."""
     mem_per_gpu_mb: int | None = None
+    array: str | None = None
+    """A job array's task indices (``--array``, e.g. ``1-40%8``); None: one job."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,21 @@ class SlurmJob:
     submit_time: datetime | None
     start_time: datetime | None
     time_limit_s: int | None
+    array_job_id: int | None = None
+    """The job array this row is a task of (squeue lists every task of an array on its own row)."""
+    array_task: int | None = None
+    """The task's index in its array; None: not an array task (or a row of several, below)."""
+    array_tasks: str | None = None
+    """Tasks of an array that have not started yet, listed by squeue as one row (``5-29:2``, ``%N`` cut)."""
+
+
+@dataclass(frozen=True)
+class ArrayRow:
+    """One run of one array task from accounting: its array, its index and the run's row."""
+
+    array_id: int
+    task: int
+    row: SacctRow
 
 
 @dataclass(frozen=True)
@@ -188,6 +205,10 @@ class Backend(abc.ABC):
         ``since`` bounds the window; None with ``job_ids`` means all time,
         None without ``job_ids`` also means all time (pass ``since``).
         """
+
+    def array_history(self, array_ids: Iterable[int]) -> list[ArrayRow]:
+        """Every run of every task of these job arrays from accounting, in one call."""
+        raise NotImplementedError(f"the {self.name} backend does not read job arrays")
 
     @abc.abstractmethod
     def cancel(self, job_ids: Iterable[int]) -> None:

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from broker.errors import SlurmError, SpecError
-from broker.slurm import parse
-from broker.slurm.backend import UPDATE_FIELDS, Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
+from broker.slurm import arrays, parse
+from broker.slurm.arrays import array_option
+from broker.slurm.backend import UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
 from broker.slurm.hostlist import compress
 from broker.slurm.runner import RunFn, Runner, clean_env
 
@@ -166,6 +167,8 @@ class CliBackend(Backend):
             argv.append(f"--constraint={req.constraint}")
         if req.signal:
             argv.append(f"--signal={req.signal}")
+        if req.array is not None:
+            argv.append(array_option(req.array))
         return argv
 
     def submit(self, req: SubmitRequest) -> int:
@@ -198,11 +201,12 @@ class CliBackend(Backend):
     def jobs(
         self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
     ) -> list[SlurmJob]:
+        # Without --array: an array's tasks that have not started are one row (ArrayTaskID
+        # "5-1000%16"), so a listing grows with the tasks started, not with the tasks asked for.
         out = self._query(
             [
                 "squeue",
                 "--all",
-                "--array",
                 "--noheader",
                 "--states=all",
                 f"--Format={parse.long_format(parse.SQUEUE_FIELDS)}",
@@ -232,6 +236,19 @@ class CliBackend(Backend):
                 return []
             argv.append(f"--jobs={','.join(ids)}")
         return parse.parse_sacct(self._query(argv))
+
+    def array_history(self, array_ids: Iterable[int]) -> list[ArrayRow]:
+        """Every run of every task of these arrays: ``sacct --duplicates`` with the task's ``JobID`` (``123_7``)."""
+        ids = _ids(array_ids)
+        if not ids:
+            return []
+        argv = [
+            "sacct", "--allusers", "--allocations", "--duplicates", "--noheader",
+            "--parsable2", f"--delimiter={parse.FS}",
+            f"--format={','.join(arrays.ARRAY_SACCT_FIELDS)}",
+            "--starttime=1970-01-01T00:00:00", "--endtime=now", f"--jobs={','.join(ids)}",
+        ]  # fmt: skip
+        return arrays.parse_array_sacct(self._query(argv))
 
     def nodes(self) -> list[NodeInfo]:
         out = self._query(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 from broker.durations import parse_duration
 from broker.slurm import hostlist, statemap
@@ -27,9 +28,12 @@ log = logging.getLogger(__name__)
 FS = "\x1f"  # field separator
 RS = "\x1e"  # record separator (squeue/sinfo -O suffix on the last field)
 
+ARRAY_FIELDS: tuple[str, ...] = ("ArrayJobID", "ArrayTaskID")
+"""squeue's fields of array tasks (``broker.slurm.arrays``), at the end of ``SQUEUE_FIELDS``."""
 SQUEUE_FIELDS: tuple[str, ...] = (
     "JobID", "Name", "UserName", "Account", "Partition", "State", "Reason",
     "NodeList", "RestartCnt", "SubmitTime", "StartTime", "TimeLimit", "Comment",
+    *ARRAY_FIELDS,
 )  # fmt: skip
 SACCT_FIELDS: tuple[str, ...] = (
     "JobIDRaw", "JobName", "User", "Account", "Partition", "State", "NodeList",
@@ -124,7 +128,8 @@ def parse_gres_gpus(gres: str) -> int:
     return total
 
 
-def _records(stdout: str, nfields: int, what: str, terminator: str) -> list[list[str]]:
+def _records(stdout: str, nfields: int, what: str, terminator: str, optional: int = 0) -> list[list[str]]:
+    """The records of ``stdout``; the last ``optional`` fields may be missing (read as empty)."""
     out: list[list[str]] = []
     chunks = stdout.split(terminator)
     for chunk in chunks:
@@ -132,6 +137,8 @@ def _records(stdout: str, nfields: int, what: str, terminator: str) -> list[list
         if not rec.strip():
             continue
         fields = rec.split(FS)
+        if nfields - optional <= len(fields) < nfields:
+            fields += [""] * (nfields - len(fields))
         if len(fields) != nfields:
             log.warning("skipping a %s record with %d fields (want %d): %r",
                         what, len(fields), nfields, rec[:200])  # fmt: skip
@@ -143,9 +150,10 @@ def _records(stdout: str, nfields: int, what: str, terminator: str) -> list[list
 def parse_squeue(stdout: str) -> list[SlurmJob]:
     """Output of ``squeue -h -O <long_format(SQUEUE_FIELDS)>``."""
     jobs: list[SlurmJob] = []
-    for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", RS + "\n"):
+    # The array fields came last, later: a listing without them (a recording) reads as plain jobs.
+    for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", RS + "\n", optional=len(ARRAY_FIELDS)):
         (jid, name, user, account, part, state_raw, reason, nodelist,
-         restarts, submit, start, limit, comment) = f  # fmt: skip
+         restarts, submit, start, limit, comment, array_jid, array_task) = f  # fmt: skip
         try:
             job_id = int(jid.strip())
         except ValueError:
@@ -168,9 +176,25 @@ def parse_squeue(stdout: str) -> list[SlurmJob]:
                 submit_time=parse_time(submit),
                 start_time=parse_time(start),
                 time_limit_s=parse_duration_s(limit),
+                **array_fields(array_jid, array_task),
             )
         )
     return jobs
+
+
+_ARRAY_TASKS = re.compile(r"\[?([0-9,:-]+)(?:%\d+)?\]?")
+
+
+def array_fields(array_jid: str, array_task: str) -> dict[str, Any]:
+    """squeue's ArrayJobID and ArrayTaskID: the array and the index of a task (or the indices of
+    its tasks not started yet, ``5-29:2``); nothing for a plain job (ArrayTaskID N/A)."""
+    task, jid = array_task.strip(), array_jid.strip()
+    if task.isdigit() and jid.isdigit():
+        return {"array_job_id": int(jid), "array_task": int(task)}
+    m = _ARRAY_TASKS.fullmatch(task)
+    if m is not None and jid.isdigit():
+        return {"array_job_id": int(jid), "array_tasks": m.group(1)}
+    return {}
 
 
 def parse_sacct(stdout: str) -> list[SacctRow]:

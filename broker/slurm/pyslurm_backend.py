@@ -26,7 +26,7 @@ from broker.errors import SlurmError, SlurmUnavailable
 from broker.slurm import hostlist, statemap
 from broker.slurm.backend import NodeInfo, SlurmJob
 from broker.slurm.cli_backend import CliBackend
-from broker.slurm.parse import parse_gres_gpus
+from broker.slurm.parse import array_fields, parse_gres_gpus
 from broker.slurm.runner import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,17 @@ def _utc(value: Any) -> datetime | None:
     return None
 
 
+def _array_fields(job: Any) -> dict[str, Any]:
+    """pyslurm's array attributes (``array_id``, ``array_task_id``, ``array_tasks_waiting``) as squeue's
+    ArrayJobID/ArrayTaskID fields (``broker.slurm.parse.array_fields``); none for a plain job."""
+    array_id = getattr(job, "array_id", None)
+    task = getattr(job, "array_task_id", None)
+    if array_id in (None, 0):
+        return {}
+    waiting = getattr(job, "array_tasks_waiting", None)
+    return array_fields(str(array_id), str(task if task is not None else (waiting or "")))
+
+
 class PyslurmBackend(CliBackend):
     """pyslurm for reads and job control; the CLI for the rest."""
 
@@ -153,6 +164,7 @@ class PyslurmBackend(CliBackend):
                     submit_time=_utc(job.submit_time),
                     start_time=_utc(job.start_time),
                     time_limit_s=int(limit) * 60 if isinstance(limit, int) else None,
+                    **_array_fields(job),
                 )
             )
         return out

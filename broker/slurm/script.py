@@ -43,6 +43,7 @@ import base64
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from broker.checkpoint.manifest import FINISHED_MARKER, RESUME_EXIT, STOPPED_MARKER
 from broker.errors import SpecError
@@ -127,6 +128,51 @@ exit "$status"
 TRAP_LABELS = {"TERM": "Slurm stops the job"}
 
 
+@dataclass(frozen=True)
+class ArrayPart:
+    """What a task of a job array needs: its chunk's last index and its sweep arguments, by task index."""
+
+    step: int = 1
+    lasts: tuple[tuple[int, int], ...] = ()
+    """(first, last) of every chunk longer than one index; a task not named runs its own index alone."""
+    sweep: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """(task index, arguments) of a sweep: the arguments go after the command."""
+    own_checkpoint: bool = False
+    """Each piece saves in a directory of its own (``<dir>/piece-<N>``): pieces that checkpoint
+    state; pieces of style "pieces" share the directory (their outputs are the checkpoint)."""
+
+
+def array_lines(part: ArrayPart) -> list[str]:
+    """Lines that set GBROKER_PIECE, _FIRST, _LAST, _STEP from Slurm's task index, and a sweep's arguments.
+
+    Every value is a number or :func:`shlex.quote`-d; a sweep's arguments become
+    the positional parameters (``set --``), so no line of a sweep file is ever
+    read by a shell as code.
+    """
+    lines = [
+        'export GBROKER_PIECE="${SLURM_ARRAY_TASK_ID:?not a task of a job array}"',
+        'export GBROKER_PIECE_FIRST="$GBROKER_PIECE"',
+        'export GBROKER_PIECE_LAST="$GBROKER_PIECE"',
+        f"export GBROKER_PIECE_STEP={int(part.step)}",
+    ]
+    if part.own_checkpoint:
+        lines.append('export GBROKER_CHECKPOINT_DIR="$GBROKER_CHECKPOINT_DIR/piece-$GBROKER_PIECE"')
+        lines.append('mkdir -p -- "$GBROKER_CHECKPOINT_DIR"')
+        lines.append('if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export GBROKER_RESUME_FROM="$GBROKER_CHECKPOINT_DIR"; fi')
+    if part.lasts:
+        lines.append('case "$GBROKER_PIECE" in')
+        lines.extend(f"    {int(first)}) GBROKER_PIECE_LAST={int(last)} ;;" for first, last in part.lasts)
+        lines.append("esac")
+    if part.sweep:
+        lines.append("set --")
+        lines.append('case "$GBROKER_PIECE" in')
+        for index, args in part.sweep:
+            quoted = " ".join(shlex.quote(_check("sweep argument", a)) for a in args)
+            lines.append(f"    {int(index)}) set -- {quoted} ;;")
+        lines.append("esac")
+    return lines
+
+
 def _check(label: str, value: str) -> str:
     if "\0" in value or "\n" in value or "\r" in value:
         raise SpecError(
@@ -148,6 +194,7 @@ def render_batch_script(
     warning_signal_s: int | None = None,
     warning_signal: str = "USR1",
     env: Sequence[tuple[str, str]] = (),
+    array: ArrayPart | None = None,
 ) -> str:
     """The bash script for one attempt.
 
@@ -159,7 +206,8 @@ def render_batch_script(
     for the program's information; the signal itself is requested by the
     caller with sbatch ``--signal``. ``env`` is the job's own environment
     (name, value) pairs, exported here so it reaches the program and never
-    sbatch itself.
+    sbatch itself. ``array`` makes it the script of every task of a job
+    array (:func:`array_lines`).
     """
     given = [x for x in (command, script_path, script_text) if x is not None]
     if len(given) != 1:
@@ -230,10 +278,14 @@ def render_batch_script(
             raise SpecError(f"env.{name} contains a NUL byte")
         lines.append(f"export {name}={shlex.quote(value)}")
     lines.extend(prelude)
+    if array is not None:
+        lines.extend(array_lines(array))
     if argv:
         command_line = " ".join(shlex.quote(a) for a in argv)
     else:
         command_line = '/bin/bash "$script_file"'
+    if array is not None and array.sweep:
+        command_line += ' "$@"'
     trap_lines = "\n".join(
         f"trap 'forward {sig} \"{TRAP_LABELS.get(sig, 'time-limit warning')}\"' {sig}"
         for sig in sorted(traps, key=lambda x: (x == "TERM", x))

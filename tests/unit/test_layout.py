@@ -49,6 +49,10 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "imported at the end of models.py so Base.metadata holds the outbox tables; ops_models "
         "imports Base from models"
     ),
+    ("broker.db.models", "broker.db.array_models"): (
+        "imported at the end of models.py so Base.metadata holds the array tables; array_models "
+        "imports Base from models"
+    ),
     ("broker.cli.main", "broker.cli.jobs"): (
         "main() imports the job commands (lazily) to register them on the `cli` group they import"
     ),

@@ -30,10 +30,12 @@ TABLES = {
     "budget_holds", "ledger_runs", "charges", "reservation_releases",
     # 0003: node sessions and usage
     "node_sessions", "node_usage",
-    # 0008_ops: the notification outbox
+    # 0008: the notification outbox
     "outbox", "notify_cursor",
     # 0006: quotas per capacity class and GPU type
     "quota_limits",
+    # 0009: arrays
+    "array_batches", "array_pieces",
 }
 
 

@@ -239,8 +239,17 @@ class ReplayRunner:
         if argv[0] == "sacct":  # the window start differs per run
             argv = [a for a in argv if not a.startswith("--starttime=")]
             recorded = [a for a in recorded if not a.startswith("--starttime=")]
-        assert argv == recorded, f"{name}: the backend no longer runs the recorded command"
+        assert argv == recorded or (argv[0] == "squeue" and before_arrays(argv) == recorded), \
+            f"{name}: the backend no longer runs the recorded command"
         return CompletedRun(argv, (DATA / f"{name}.txt").read_text(), "", 0, 0.01)
+
+
+def before_arrays(argv: list[str]) -> list[str]:
+    """The squeue command as it was before the array fields (the older recordings ran it):
+    ``--array`` and no ArrayJobID/ArrayTaskID; today's parser reads its output as plain jobs."""
+    fields = tuple(f for f in parse.SQUEUE_FIELDS if f not in parse.ARRAY_FIELDS)
+    out = [a for a in argv if not a.startswith("--Format=")]
+    return [*out[:2], "--array", *out[2:], f"--Format={parse.long_format(fields)}"]
 
 
 @pytest.mark.parametrize("scenario", ["configuring", "requeued", "running", "preempted"])
@@ -250,3 +259,56 @@ def test_backend_replays_recorded_scenario(scenario: str) -> None:
     assert backend.history(since=datetime(2026, 11, 28, tzinfo=UTC))
     assert len(backend.nodes()) == 6
     assert backend.calls.snapshot() == {"squeue": 1, "sacct": 1, "sinfo": 1}
+
+
+# ------------------------------------------- job arrays (the "arrays" recording)
+def test_backend_replays_the_recorded_arrays() -> None:
+    backend = CliBackend(ReplayRunner("arrays"))
+    assert any(j.array_tasks for j in backend.jobs())
+    assert backend.history(since=datetime(2026, 12, 1, tzinfo=UTC))
+    assert CliBackend(ReplayRunner("arrays-tasks")).array_history([91])
+    assert backend.calls.snapshot() == {"squeue": 1, "sacct": 1}
+
+
+def test_squeue_lists_started_tasks_alone_and_the_waiting_ones_in_one_row() -> None:
+    """Array 91 (1-9%3): 1 done, 3 failed, 4-6 started, 2 requeued after its node was reclaimed:
+    squeue (without --array) lists it with the tasks not started yet, in one row, RestartCnt 0."""
+    jobs = parse.parse_squeue(rec("arrays.squeue.txt"))
+    tasks = {j.array_task: j for j in jobs if j.array_task is not None}
+    assert sorted(tasks) == [1, 3, 4, 5, 6] and all(j.array_job_id == 91 for j in jobs)
+    assert tasks[5].job_id == 96 and tasks[5].state is A.RUNNING and tasks[5].nodes == ["spot1"]
+    (waiting,) = [j for j in jobs if j.array_tasks is not None]
+    assert (waiting.job_id, waiting.array_tasks, waiting.restarts) == (91, "2,7-9", 0)
+    assert waiting.state is A.PENDING and "BeginTime" in waiting.reason
+
+
+def test_a_plain_job_has_no_array_fields() -> None:
+    (job,) = [j for j in parse.parse_squeue(rec("configuring.squeue.txt")) if j.job_id == 4]
+    assert job.array_job_id is None and job.array_task is None and job.array_tasks is None
+
+
+def test_array_sacct_names_each_run_of_each_task() -> None:
+    from broker.slurm.arrays import parse_array_sacct
+
+    rows = parse_array_sacct(rec("arrays-tasks.sacct.txt"))
+    by_task: dict[int, list[parse.SacctRow]] = {}
+    for r in rows:
+        assert r.array_id == 91
+        by_task.setdefault(r.task, []).append(r.row)
+    # The reclaimed task: its NODE_FAIL run (its own Slurm id, 93), then the run waiting to start.
+    assert [(r.job_id, r.restarts, r.state_raw) for r in by_task[2]] == [(93, 0, "NODE_FAIL"), (93, 1, "PENDING")]
+    assert by_task[2][0].state is A.RECLAIMED and by_task[2][0].elapsed_s == 7 and by_task[2][1].end is None
+    assert (by_task[3][0].state_raw, by_task[3][0].exit_code) == ("FAILED", 2)
+    assert by_task[1][0].state is A.COMPLETED and by_task[1][0].alloc_gpus == 4
+    assert 7 not in by_task  # never started: nothing to charge
+
+
+def test_array_option_takes_only_slurms_grammar() -> None:
+    from broker.errors import SpecError
+    from broker.slurm.arrays import array_option, parse_task_id
+
+    assert array_option("1-40:2%8") == "--array=1-40:2%8"
+    for bad in ("1-40;rm", "", "1-", "a-b", "1-4 --wrap=x"):
+        with pytest.raises(SpecError):
+            array_option(bad)
+    assert parse_task_id("123_7") == (123, 7) and parse_task_id("123_[8-40]") is None and parse_task_id("5") is None

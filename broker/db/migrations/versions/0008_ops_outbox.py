@@ -1,6 +1,6 @@
 """The notification outbox and the notify tick's event cursor.
 
-Revision ID: 0008_ops
+Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-02
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008_ops"
+revision: str = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

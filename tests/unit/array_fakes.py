@@ -1,0 +1,79 @@
+"""A fake Slurm that also runs job arrays (``--array``), on top of the ledger tests' FakeSlurm.
+
+Every task has a Slurm id of its own from the start (Slurm splits them off as
+they start; the difference does not matter to gbroker, which names tasks by
+array and index). squeue lists each task on its own row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from broker.pieces import parse_pieces
+from broker.slurm.backend import ArrayRow, SlurmJob, SubmitRequest
+from ledger_fakes import FakeJob, FakeRun, FakeSlurm
+
+
+class FakeArraySlurm(FakeSlurm):
+    def __init__(self, clock) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(clock)
+        self.arrays: dict[int, dict[int, int]] = {}
+        """array id -> task index -> the task's own Slurm id."""
+        self.task_of: dict[int, tuple[int, int]] = {}
+        self.requests: list[SubmitRequest] = []
+
+    def submit(self, req: SubmitRequest) -> int:
+        self.requests.append(req)
+        if req.array is None:
+            return super().submit(req)
+        self._count("sbatch")
+        now = self.clock.now()
+        self.next_id += 1
+        array_id = self.next_id
+        self.arrays[array_id] = {}
+        for i, index in enumerate(parse_pieces(req.array).indices):
+            raw = array_id if i == 0 else self.next_id + 1
+            if i:
+                self.next_id += 1
+            self.jobs_by_id[raw] = FakeJob(raw, req.job_name, req.comment, req.user or "root", req.account or "",
+                                           req.partition, req.nodes * req.gpus_per_node, 3600,
+                                           runs=[FakeRun(submit=now, partition=req.partition)], requeue=req.requeue)
+            self.arrays[array_id][index] = raw
+            self.task_of[raw] = (array_id, index)
+        return array_id
+
+    def task(self, array_id: int, index: int) -> int:
+        return self.arrays[array_id][index]
+
+    def jobs(self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None) -> list[SlurmJob]:
+        out = []
+        for j in super().jobs(job_ids=None, name_prefix=name_prefix):
+            if j.job_id in self.task_of:
+                array_id, index = self.task_of[j.job_id]
+                j = SlurmJob(**{**j.__dict__, "array_job_id": array_id, "array_task": index})
+            out.append(j)
+        if job_ids is not None:
+            wanted = set(job_ids)
+            out = [j for j in out if j.job_id in wanted or j.array_job_id in wanted]
+        return out
+
+    def array_history(self, array_ids: Iterable[int]) -> list[ArrayRow]:
+        self._count("sacct")
+        out = []
+        for array_id in array_ids:
+            tasks = self.arrays.get(array_id, {})
+            raw = {r: i for i, r in tasks.items()}
+            self.calls["sacct"] -= 1  # the one call above counts, not the history() below
+            for row in self.history(job_ids=list(raw)):
+                out.append(ArrayRow(array_id=array_id, task=raw[row.job_id], row=row))
+        return out
+
+    def cancel(self, job_ids: Iterable[int]) -> None:
+        ids = []
+        for jid in job_ids:
+            ids.extend(self.arrays[jid].values() if jid in self.arrays else [jid])
+        super().cancel(ids)
+
+    def ended(self) -> list[tuple[int, int, datetime | None]]:
+        return [(jid, i, r.end) for jid, i, r, _ in self.ended_runs()]
