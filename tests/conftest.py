@@ -195,7 +195,7 @@ LANE_ORDER = (
     ("tests/integration/test_budgets.py", 215),
     ("tests/integration/test_devcluster.py", 190),
     ("tests/integration/test_nodes.py", 160),
-    ("tests/integration/test_arrays.py", 150),
+    ("tests/integration/test_array_jobs.py", 150),
     ("tests/integration/test_deadlines.py", 145),
     ("tests/integration/test_node_billing.py", 105),
     ("tests/integration/test_backend_contract.py", 95),

@@ -387,3 +387,15 @@ def test_every_cited_principle_exists() -> None:
                             f"{_rel(path)}:{number} cites principle {n}; docs/ARCHITECTURE.md has no principle {n}"
                         )
     assert not problems, "\n".join(problems)
+
+
+def test_test_modules_outside_packages_have_names_of_their_own() -> None:
+    """pytest imports a test folder without __init__.py by file name: two test_x.py in two
+    such folders stop the whole suite's collection ("import file mismatch")."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        if (path.parent / "__init__.py").exists():
+            continue
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a name; rename one"
+        seen[path.name] = path
