@@ -20,8 +20,13 @@ ONE_GIB = {"1G", "1024M"}
 
 
 def _allocation(cluster: Any, slurm_id: int) -> dict[str, str]:
-    (row,) = cluster.sacct_attempts(str(slurm_id), "JobID,State,ReqMem,ReqCPUS,AllocCPUS,ReqTRES")
-    return row
+    """The job's row in accounting, once slurmdbd has the whole record: a job that ends within
+    moments can be listed before its request is (ReqCPUS 0, ReqMem unset, as "16?")."""
+    def whole() -> dict[str, str] | None:
+        rows = cluster.sacct_attempts(str(slurm_id), "JobID,State,ReqMem,ReqCPUS,AllocCPUS,ReqTRES")
+        return rows[0] if len(rows) == 1 and rows[0]["ReqCPUS"] not in ("", "0") else None
+
+    return cluster.wait_for(whole, 60, what=f"the accounting record of Slurm job {slurm_id}")
 
 
 def test_script_lines_and_flags_reach_slurm_and_an_unsupported_line_is_refused(broker_daemon, slurm_cluster):
