@@ -114,7 +114,12 @@ def slurm_array(firsts: Iterable[int], limit: int | None = None) -> str:
     text = compress(firsts)
     if not text:
         raise PiecesError("an array needs at least one piece")
-    return f"{text}%{limit}" if limit else text
+    return capped(text, limit)
+
+
+def capped(indices: str, limit: int | None) -> str:
+    """An ``--array`` index list with its ``%N`` cap on tasks at once (none: as it is)."""
+    return f"{indices}%{limit}" if limit else indices
 
 
 def progress_line(counts: dict[str, int], total: int) -> str:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from broker import proc
+from broker.pieces import capped
 from broker.caller import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
@@ -287,12 +288,11 @@ def _array_args(spec: JobSpec) -> dict[str, Any]:
 def array_request(svc: Services, job: Job, spec: JobSpec, batch: ArrayBatch) -> SubmitRequest:
     """The sbatch request of one batch of an array: its pieces' indices as one Slurm job array."""
     partition = batch.partition or svc.settings.partition_for(batch.capacity.value)
-    limit = spec.array().limit
     return request_for(
         spec, job_id=job.id, key=job.key, attempt_number=batch.number, partition=partition,
         capacity=Capacity(batch.capacity), owner_name=job.owner_name, log_path=job.log_path,
         gres_type=gres_type_for(spec, svc.settings.pool_of(partition)),
-        array=arrays.array_part(spec), array_indices=f"{batch.indices}%{limit}" if limit else batch.indices,
+        array=arrays.array_part(spec), array_indices=capped(batch.indices, spec.array().limit),
     )
 
 
