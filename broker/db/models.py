@@ -169,3 +169,4 @@ from broker.db import ledger_models as _ledger_models  # noqa: F401,E402  (money
 from broker.db import node_models as _node_models  # noqa: F401,E402  (node billing tables on the same metadata)
 from broker.db import ops_models as _ops_models  # noqa: F401,E402  (the notification outbox on the same metadata)
 from broker.db import array_models as _array_models  # noqa: F401,E402  (array pieces on the same metadata)
+from broker.db import web_models as _web_models  # noqa: F401,E402  (dashboard sign-in tokens on the same metadata)

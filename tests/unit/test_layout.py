@@ -49,6 +49,10 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "imported at the end of models.py so Base.metadata holds the outbox tables; ops_models "
         "imports Base from models"
     ),
+    ("broker.db.models", "broker.db.web_models"): (
+        "imported at the end of models.py so Base.metadata holds the dashboard's token table; web_models "
+        "imports Base from models"
+    ),
     ("broker.db.models", "broker.db.array_models"): (
         "imported at the end of models.py so Base.metadata holds the array tables; array_models "
         "imports Base from models"

@@ -36,6 +36,8 @@ TABLES = {
     "quota_limits",
     # 0009: arrays
     "array_batches", "array_pieces",
+    # 0010_web_tokens: dashboard sign-in tokens
+    "web_tokens",
 }
 
 
