@@ -102,6 +102,15 @@ def caller_from_ids(pid: int, uid: int, gid: int, admin_group: str) -> Caller:
     return Caller(uid=uid, gid=gid, pid=pid, name=name, is_admin=is_admin)
 
 
+def caller_for_uid(uid: int, admin_group: str) -> Caller:
+    """The caller a dashboard sign-in names (a token bound to ``uid``): as the socket would see that user."""
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        gid = uid
+    return caller_from_ids(0, uid, gid, admin_group)
+
+
 
 
 class ApiServer:

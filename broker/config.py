@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
-from broker.opsconfig import MetricsSettings, NotifySettings, parse_metrics, parse_notify
+from broker.opsconfig import MetricsSettings, NotifySettings, WebSettings, parse_metrics, parse_notify, parse_web
 from broker.pools.catalog import CLASSES, Billing, Catalog, Pool, check_unique, legacy_pools, parse_pools
 
 DEFAULT_CONFIG_PATH = Path("/etc/gbroker/gbroker.toml")
@@ -160,6 +160,8 @@ class Settings:
     metrics: MetricsSettings = MetricsSettings()
     """``[metrics]``: the opt-in TCP listener (/metrics, /healthz, /readyz; docs/OPERATIONS.md)."""
     notify: NotifySettings = NotifySettings()
+    web: WebSettings = WebSettings()
+    """``[web]``: the dashboard on the metrics listener (trust a reverse proxy's user header)."""
     """``[notify]``: notification targets and subscriptions, delivered through the outbox."""
 
     def zone(self) -> Any:
@@ -325,7 +327,7 @@ def _providers(value: Any, source: str) -> str:
 
 def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings", "pools",
-                                                  "metrics", "notify"}
+                                                  "metrics", "notify", "web"}
     out: dict[str, Any] = {}
     if "pools" in data and "partitions" in data:
         raise ConfigError(f"{source}: [pools] and [partitions] both map partitions",
@@ -345,6 +347,9 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
             continue
         if key == "notify":
             out["notify"] = parse_notify(value, source)
+            continue
+        if key == "web":
+            out["web"] = parse_web(value, source)
             continue
         if key == "partitions":
             if not isinstance(value, dict):

@@ -17,7 +17,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from broker.api import ApiServer
+from broker.api import ApiServer, caller_for_uid
 from broker.config import MIGRATE_HINT, Settings
 from broker.db.engine import check_private
 from broker.errors import BrokerError
@@ -27,6 +27,7 @@ from broker.ops.listener import OpsListener
 from broker.ops.reload import reload_settings
 from broker.ops.stats import CountingBackend, DaemonStats
 from broker.state import Services
+from broker.web.app import Dashboard
 from broker.wiring import build_services, handlers, periodic_ticks, reconcile_tick
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,9 @@ class Daemon:
         if metrics.enabled:
             # Bound first: a port in use stops the start before the lease is taken, and a daemon
             # waiting for the lease (--wait) answers /readyz with "not ready" meanwhile.
-            self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port)
+            web = Dashboard(self.services, handlers(self.services, self.nodes),
+                            lambda uid: caller_for_uid(uid, self.settings.admin_group))
+            self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port, web=web)
             self.ops.start()
         self.services.migrate()
         self.acquire_lease(wait_for_lease)

@@ -1,4 +1,4 @@
-"""The operations settings: ``[metrics]`` (the TCP listener) and ``[notify]`` (targets, subscriptions).
+"""The operations settings: ``[metrics]`` (the TCP listener), ``[web]`` (its dashboard) and ``[notify]``.
 
 Parsed and checked when the settings load, so ``gbroker config check`` and
 the daemon refuse the same mistakes with the same message. Standard library
@@ -10,6 +10,9 @@ only: the CLI loads it with the settings.
     listen = "127.0.0.1:9464"       # off when absent; a non-loopback address needs allow_remote
     allow_remote = false
     ready_tick_age_seconds = 0      # 0: three reconcile ticks (at least 30 s)
+
+    [web]
+    trust_proxy_header = ""         # e.g. "X-Forwarded-User": the proxy names the user (off: sign in by token)
 
     [notify]
     tick_seconds = 10               # how often the outbox is delivered
@@ -68,6 +71,13 @@ class MetricsSettings:
     @property
     def enabled(self) -> bool:
         return bool(self.host)
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    trust_proxy_header: str = ""
+    """A reverse proxy's header naming the signed-in user ('' = off: the dashboard asks for a token).
+    Whoever reaches the listener can send it: only set it when the proxy is the only way in."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,21 @@ def parse_metrics(value: Any, source: str) -> MetricsSettings:
                  "and firewall the port",
         )
     return MetricsSettings(host=host, port=port, allow_remote=allow, ready_tick_age_seconds=age)
+
+
+def parse_web(value: Any, source: str) -> WebSettings:
+    where = f"{source}: [web]"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table", hint='e.g. [web] trust_proxy_header = "X-Forwarded-User"')
+    _unknown(value, ("trust_proxy_header",), where)
+    header = _string(value.get("trust_proxy_header", ""), f"{where} trust_proxy_header")
+    if header and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
+        raise ConfigError(f"{where}: trust_proxy_header = {header!r} is not a header name",
+                          hint='e.g. trust_proxy_header = "X-Forwarded-User", or "" to turn it off')
+    if header.lower() in ("cookie", "host", "origin", "content-type", "content-length"):
+        raise ConfigError(f"{where}: trust_proxy_header = {header!r} is a header browsers send themselves",
+                          hint='use the proxy\'s own header, e.g. "X-Forwarded-User"')
+    return WebSettings(trust_proxy_header=header)
 
 
 def parse_notify(value: Any, source: str) -> NotifySettings:

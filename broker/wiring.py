@@ -27,6 +27,7 @@ from broker.ops import outbox
 from broker.slurm import make_backend
 from broker.slurm.runner import Runner
 from broker.state import Services
+from broker.web.auth import handlers as token_handlers
 
 Tick = tuple[str, Callable[[], object], float]
 """(scheduler id, function, interval seconds)."""
@@ -60,5 +61,5 @@ def periodic_ticks(svc: Services, nodes: NodeManager) -> list[Tick]:
 
 
 def handlers(svc: Services, nodes: NodeManager) -> dict[str, Handler]:
-    """Every socket operation: jobs', money's and nodes'."""
-    return {**job_handlers(svc), **money_handlers(svc), **node_handlers(svc, nodes)}
+    """Every socket operation: jobs', money's, nodes' and the dashboard's sign-in tokens."""
+    return {**job_handlers(svc), **money_handlers(svc), **node_handlers(svc, nodes), **token_handlers(svc)}

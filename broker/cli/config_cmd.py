@@ -68,6 +68,8 @@ def resolved_dict(settings: Any) -> dict[str, Any]:
             value = ({"listen": f"{value.host}:{value.port}" if ":" not in value.host else f"[{value.host}]:{value.port}",
                       "allow_remote": value.allow_remote, "ready_tick_age_seconds": value.ready_tick_age_seconds}
                      if value.enabled else {"listen": "off"})
+        elif f.name == "web":
+            value = asdict(value)
         elif isinstance(value, tuple):
             value = [asdict(v) if hasattr(v, "__dataclass_fields__") else v for v in value]
         out[f.name] = value

@@ -49,6 +49,7 @@ LAZY_COMMANDS = {
     "report": "broker.cli.report:report",
     "pools": "broker.cli.pools:pools",
     "config": "broker.cli.config_cmd:config",
+    "token": "broker.cli.token_cmd:token",
 }
 
 

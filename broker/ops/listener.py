@@ -1,9 +1,10 @@
-"""The opt-in TCP listener: ``/metrics`` (Prometheus text), ``/healthz`` and ``/readyz``.
+"""The opt-in TCP listener: ``/metrics`` (Prometheus text), ``/healthz``, ``/readyz`` and the dashboard.
 
 Off unless ``[metrics] listen`` is set; loopback unless ``allow_remote``
 says otherwise (``broker.opsconfig``). It serves only what it computes: no
-path a request names is opened, nothing is written, and every other path
-or method is refused.
+path a request names is opened, nothing is written (but a sign-in's note on
+its token), and every other path or method is refused. The dashboard's
+pages (``broker/web/``) are served when the daemon hands it one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from broker.ops.health import readiness
 from broker.ops.metrics import registry
 from broker.ops.stats import DaemonStats
 from broker.state import Services
+from broker.web.app import SECURITY_HEADERS, Dashboard, Response, serves
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class OpsListener:
-    def __init__(self, svc: Services, stats: DaemonStats, host: str, port: int) -> None:
+    def __init__(self, svc: Services, stats: DaemonStats, host: str, port: int,
+                 web: Dashboard | None = None) -> None:
         self.svc = svc
         self.stats = stats
+        self.web = web
         self.registry = registry(svc, stats)
         handler = _handler(self)
         server_cls: Any = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
@@ -54,7 +58,8 @@ class OpsListener:
     def start(self) -> None:
         self.thread = threading.Thread(target=self.server.serve_forever, name="gbroker-ops-http", daemon=True)
         self.thread.start()
-        log.info("metrics and health on http://%s:%s (/metrics, /healthz, /readyz)", *self._shown())
+        log.info("metrics and health on http://%s:%s (/metrics, /healthz, /readyz%s)", *self._shown(),
+                 ", the dashboard at /" if self.web is not None else "")
 
     def _shown(self) -> tuple[str, int]:
         host, port = self.address
@@ -72,7 +77,9 @@ def _handler(app: OpsListener) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
+            if app.web is not None and serves(path):
+                self._web(lambda web: web.get(self.path, self.headers))
+            elif path == "/metrics":
                 try:
                     body = generate_latest(app.registry)
                 except Exception as exc:
@@ -93,12 +100,35 @@ def _handler(app: OpsListener) -> type[BaseHTTPRequestHandler]:
             self._send(405, b"", "text/plain")
 
         def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if app.web is not None and path in ("/login", "/logout"):
+                length = self.headers.get("Content-Length", "0")
+                if not length.isdigit() or int(length) > 65536:
+                    self._send(413, b"the form is too large\n", "text/plain; charset=utf-8")
+                    return
+                body = self.rfile.read(int(length))
+                self._web(lambda web: web.post(path, self.headers, body))
+                return
             self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
 
-        do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+        def do_PUT(self) -> None:  # noqa: N802
+            self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
+        do_DELETE = do_PATCH = do_PUT  # noqa: N815
+
+        def _web(self, answer: Any) -> None:
+            assert app.web is not None
+            try:
+                r: Response = answer(app.web)
+            except Exception:
+                log.exception("dashboard request %s %s failed", self.command, self.path[:200])
+                r = Response(500, b"internal error: the daemon's log says why\n", "text/plain; charset=utf-8")
+            self._send(r.status, r.body, r.ctype, {**SECURITY_HEADERS, **r.headers})
+
+        def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(code)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
