@@ -8,6 +8,7 @@ and is only scaled to pixels here (a drawing, never a sum).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import Enum
 from html import escape
 from typing import Any
 
@@ -18,6 +19,9 @@ BUSY, IDLE, RELEASED = "#2ca02c", "#ff7f0e", "#c7c7c7"
 
 
 def esc(value: Any) -> str:
+    """``value`` as HTML text: tags, quotes and ampersands escaped; an enum as its stored value."""
+    if isinstance(value, Enum):
+        value = value.value
     return escape(str(value), quote=True)
 
 

@@ -90,17 +90,17 @@ def lab(slurm_cluster: Any) -> Iterator[Lab]:
                       "--end", str(today + timedelta(days=60))),
                      ("group", "add", "vision", "--member", "alice", "--member", "bob"),
                      ("group", "add", "climate", "--member", "carol"),
-                     ("price", "set", "spot", "--capacity", "spot", "--price", "36.00",
+                     ("price", "set", "spot", "--capacity", "spot", "--price", "1800.00",
                       "--from", str(today - timedelta(days=20))),
-                     ("price", "set", "ondemand", "--capacity", "ondemand", "--price", "72.00",
+                     ("price", "set", "ondemand", "--capacity", "ondemand", "--price", "3600.00",
                       "--from", str(today - timedelta(days=20))),
-                     ("budget", "set", "vision", "--semester", SEMESTER, "--amount", "50"),
-                     ("budget", "set", "climate", "--semester", SEMESTER, "--amount", "50")):
+                     ("budget", "set", "vision", "--semester", SEMESTER, "--amount", "100"),
+                     ("budget", "set", "climate", "--semester", SEMESTER, "--amount", "100")):
             ok(d.cli(*args, user="root"))
-        alice = ok(d.cli("submit", "--json", "--group", "vision", "--time", "5m", "--name", "web-alice",
+        alice = ok(d.cli("submit", "--json", "--group", "vision", "--time", "1m", "--name", "web-alice",
                          "--", "sleep", "3", user="alice")).json()
-        carol = ok(d.cli("submit", "--json", "--group", "climate", "--time", "5m", "--name", "web-carol",
-                         "--", "sleep", "300", user="carol",
+        carol = ok(d.cli("submit", "--json", "--group", "climate", "--time", "1m", "--name", "web-carol",
+                         "--", "sleep", "55", user="carol",
                          cwd=user_dir(public_dir("gbroker-web-carol-"), "carol"))).json()
         d.wait_job(alice["id"], lambda j: j["state"] == "completed", timeout=120, interval=0.5)
         deadline = time.monotonic() + 60
@@ -131,7 +131,7 @@ def test_tokens_from_the_cli_show_each_user_only_what_their_cli_shows(lab: Lab) 
     code, _, page = http(port, "/jobs", alice)
     assert code == 200 and "web-alice" in page and "web-carol" not in page
     code, _, page = http(port, f"/jobs/{jobs['alice']}", alice)
-    assert code == 200 and "Attempts" in page and "completed" in page
+    assert code == 200 and "Attempts" in page and ">completed<" in page
     code, _, page = http(port, f"/jobs/{jobs['carol']}", alice)
     assert code == 404 and "web-carol" not in page
     assert http(port, "/jobs?user=carol", alice)[0] == 403

@@ -6,7 +6,6 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select, text
@@ -125,7 +124,8 @@ def test_a_users_token_reads_their_own_jobs_never_another_users_or_the_admin_pag
 
     page = body(d.get("/jobs", alice))
     assert "alice-job" in page and "bob-secret" not in page
-    assert d.get(f"/jobs/{ids['alice']}", alice).status == 200
+    mine = d.get(f"/jobs/{ids['alice']}", alice)
+    assert mine.status == 200 and ">pending<" in body(mine) and "JobState" not in body(mine)
     other = d.get(f"/jobs/{ids['bob']}", alice)
     assert other.status == 404 and "bob-secret" not in body(other) and "no job" in body(other)
     refused = d.get("/jobs?user=bob", alice)
