@@ -142,10 +142,6 @@ def spend_page(burn: dict[str, Any] | None, budgets: dict[str, Any] | None, repo
     return page("Spend", body, user, admin, "/spend")
 
 
-def _hours(seconds: int) -> str:
-    return f"{seconds / 3600:.2f}"
-
-
 def nodes_page(pools: list[dict[str, Any]], partitions: list[dict[str, Any]], nodes: list[dict[str, Any]],
                now_nodes: list[dict[str, Any]] | None, now_problem: str, days: int, user: str, admin: bool) -> str:
     pool_rows = [[esc(p.get("name", "")), _opt(p.get("partition")), _opt(p.get("capacity")),
@@ -153,8 +149,9 @@ def nodes_page(pools: list[dict[str, Any]], partitions: list[dict[str, Any]], no
                   _opt(p.get("price"))] for p in pools]
     part_rows = [[esc(r["partition"]), str(int(r.get("sessions", 0))), esc(r["node_hours"]), esc(r["busy_hours"]),
                   esc(r["idle_hours"]), esc(r["idle_cost"]), esc(r["cost"])] for r in partitions]
-    node_rows = [[esc(r["node"]), esc(r["partition"]), esc(r["capacity"]), str(r["sessions"]), _hours(r["busy_s"]),
-                  _hours(r["idle_s"]), _hours(r["released_s"])] for r in nodes]
+    node_rows = [[esc(r["node"]), esc(r["partition"]), esc(r["capacity"]), str(r["sessions"]),
+                  format_duration(r["busy_s"]), format_duration(r["idle_s"]), format_duration(r["released_s"])]
+                 for r in nodes]
     if now_nodes is None:
         current = f'<div class="error"><p class="msg">{esc(now_problem)}</p></div>'
     else:
@@ -165,7 +162,7 @@ def nodes_page(pools: list[dict[str, Any]], partitions: list[dict[str, Any]], no
     windows = " ".join(f'<a href="/nodes?{urlencode({"days": d})}">{d} d</a>' for d in (1, 7, 30))
     body = (f"<h2>Pools</h2>{table(['pool', 'partition', 'capacity', 'GPU', 'nodes', 'busy GPUs', 'free GPUs', 'price per GPU-hour'], pool_rows, frozenset({4, 5, 6}))}"
             f"<h2>Node time, last {days} days</h2><p>Window: {windows}</p>{node_bars_svg(nodes)}"
-            + table(["node", "partition", "capacity", "sessions", "busy h", "idle h", "released h"], node_rows,
+            + table(["node", "partition", "capacity", "sessions", "busy", "idle", "released"], node_rows,
                     frozenset({3, 4, 5, 6}))
             + "<h2>Per partition</h2>"
             + table(["partition", "sessions", "node h", "busy h", "idle h", "idle cost", "cost"], part_rows,
