@@ -200,6 +200,7 @@ LANE_ORDER = (
     ("tests/integration/test_node_billing.py", 105),
     ("tests/integration/test_backend_contract.py", 95),
     ("tests/integration/test_operations.py", 95),
+    ("tests/integration/test_dashboard.py", 50),
     ("tests/integration/test_job_resources.py", 30),
     ("tests/integration/test_http_api.py", 15),
     ("tests/frameworks/test_torchrun.py", 50),

@@ -299,3 +299,16 @@ def test_pages_send_no_script_and_nothing_from_elsewhere(world: World) -> None:
     for path in ("/jobs", "/spend", "/nodes", "/admin/tokens", "/login"):
         page = body(d.get(path, root))
         assert "<script" not in page and not re.search(r"""(src|href)=["']?(https?:)?//""", page), path
+
+
+def test_gbroker_token_refuses_flags_that_do_not_go_together() -> None:
+    from click.testing import CliRunner
+
+    from broker.cli.main import cli
+
+    for args, words in ((["--list", "--ttl", "1h"], "--ttl only apply when making a token"),
+                        (["--revoke", "3", "--note", "x"], "--note only apply when making a token"),
+                        (["--list", "--revoke", "3"], "not both"), (["--all"], "--all goes with --list"),
+                        (["--ttl", "soon"], "--ttl 'soon'")):
+        r = CliRunner().invoke(cli, ["--socket", "/nonexistent/gbroker.sock", "token", *args])
+        assert r.exit_code == 2 and words in r.output, (args, r.output)
