@@ -73,7 +73,7 @@ def _opt(v: Any) -> str:
 
 
 def jobs_page(jobs: list[dict[str, Any]], filters: dict[str, str], choices: dict[str, list[str]],
-              user: str, admin: bool, pool_of: dict[str, str]) -> str:
+              user: str, admin: bool, pool_of: dict[str, str], capped: int = 0) -> str:
     def select_box(name: str) -> str:
         opts = "".join(f'<option value="{esc(v)}"{" selected" if filters.get(name) == v else ""}>{esc(v or "any")}'
                        "</option>" for v in ["", *choices.get(name, [])])
@@ -87,7 +87,9 @@ def jobs_page(jobs: list[dict[str, Any]], filters: dict[str, str], choices: dict
              esc(j["state"]), esc(pool_of.get(j.get("partition") or "", j.get("partition") or "")),
              _opt(j.get("capacity")), str(int(j["attempts"])), _opt(j.get("created_at")),
              f'<span class="msg">{esc(j.get("reason") or "")}</span>'] for j in jobs]
-    body = (f"<p>{len(jobs)} of {esc(who)}, newest first.</p>{form}"
+    cap = (f" Only the newest {capped} are searched: `gbroker history` and `gbroker report` reach further."
+           if capped else "")
+    body = (f"<p>{len(jobs)} of {esc(who)}, newest first.{esc(cap)}</p>{form}"
             + table(["job", "name", "user", "group", "state", "pool", "capacity", "attempts", "submitted", "reason"],
                     rows, frozenset({0, 7})))
     return page("Jobs", body, user, admin, "/jobs")
