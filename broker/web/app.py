@@ -213,6 +213,10 @@ class Dashboard:
 
         choices = {"user": sorted({j["owner"] for j in jobs}), "group": sorted({j["group"] for j in jobs}),
                    "state": states, "pool": sorted({pool(j) for j in jobs if pool(j)} | set(pool_of.values()))}
+        want_pool = filters.get("pool", "")
+        if want_pool and want_pool not in choices["pool"]:
+            raise BadRequest(f"pool {want_pool[:40]!r} is not one of this lab's",
+                             hint="pools: " + (", ".join(choices["pool"]) or "none configured"))
         shown = [j for j in jobs
                  if (not want_user or j["owner"] == want_user)
                  and (not filters.get("group") or j["group"] == filters["group"])

@@ -182,12 +182,13 @@ def test_filters_are_checked_and_applied(world: World) -> None:
     d = dashboard(world)
     root = signed_in(d, world, ROOT)
     for query, words in (("?colour=red", "unknown query parameter"), ("?state=BOGUS", "not a job state"),
-                         ("?user=a&user=b", "given twice")):
+                         ("?user=a&user=b", "given twice"), ("?pool=moon", "is not one of this lab")):
         r = d.get("/jobs" + query, root)
         assert r.status == 400 and words in body(r), query
     assert "Nothing to show" in body(d.get("/jobs?group=climate", root))
     assert "alice-job" in body(d.get("/jobs?group=vision&state=pending", root))
     assert "Nothing to show" in body(d.get("/jobs?state=completed", root))
+    assert "alice-job" in body(d.get("/jobs?pool=spot", root))  # a partition with no pool is its own
     assert d.get("/nodes?days=0", root).status == 400
     assert d.get("/nowhere", root).status == 404
 
