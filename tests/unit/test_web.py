@@ -313,3 +313,33 @@ def test_gbroker_token_refuses_flags_that_do_not_go_together() -> None:
                         (["--ttl", "soon"], "--ttl 'soon'")):
         r = CliRunner().invoke(cli, ["--socket", "/nonexistent/gbroker.sock", "token", *args])
         assert r.exit_code == 2 and words in r.output, (args, r.output)
+
+
+def test_node_time_splits_the_window_into_busy_idle_and_released(world: World) -> None:
+    from datetime import timedelta
+
+    from broker.db.node_models import NodeSession, NodeUsage
+    from broker.web.nodes import node_time
+
+    t0 = world.clock.now()
+    h = timedelta(hours=1)
+    with world.svc.tx() as s:
+        done = NodeSession(node="spot1", partition="spot", capacity="spot", source="test", open_key="k1",
+                           close_key="c1", resumed_at=t0 - 5 * h, suspended_at=t0 - 2 * h)
+        live = NodeSession(node="spot2", partition="spot", capacity="spot", source="test", open_key="k2",
+                           resumed_at=t0 - 1 * h)
+        old = NodeSession(node="spot3", partition="spot", capacity="spot", source="test", open_key="k3",
+                          close_key="c3", resumed_at=t0 - 30 * h, suspended_at=t0 - 25 * h)
+        s.add_all([done, live, old])
+        s.flush()
+        s.add_all([NodeUsage(session_id=done.id, state="busy", started_at=t0 - 5 * h, ended_at=t0 - 3 * h),
+                   NodeUsage(session_id=done.id, state="idle", started_at=t0 - 3 * h, ended_at=t0 - 2 * h),
+                   NodeUsage(session_id=live.id, state="busy", started_at=t0 - 1 * h, ended_at=None)])
+    with world.svc.sessions() as s:
+        rows = {r["node"]: r for r in node_time(s, t0 - 24 * h, t0)}
+    assert set(rows) == {"spot1", "spot2"}  # spot3's session ended before the window
+    one, two = rows["spot1"], rows["spot2"]
+    assert (one["busy_s"], one["idle_s"], one["released_s"]) == (7200, 3600, 21 * 3600)
+    assert (two["busy_s"], two["idle_s"], two["released_s"]) == (3600, 0, 23 * 3600)
+    for r in rows.values():
+        assert r["busy_s"] + r["idle_s"] + r["released_s"] == 24 * 3600
