@@ -75,5 +75,23 @@ class FakeArraySlurm(FakeSlurm):
             ids.extend(self.arrays[jid].values() if jid in self.arrays else [jid])
         super().cancel(ids)
 
+    def hold(self, job_ids: Iterable[int]) -> None:
+        """``scontrol hold ARRAY`` holds the array's waiting tasks; its running ones go on (exit 0)."""
+        plain = [j for j in job_ids if j not in self.arrays]
+        for array_id in [j for j in job_ids if j in self.arrays]:
+            self._count("hold")
+            for raw in self.arrays[array_id].values():
+                j = self.jobs_by_id[raw]
+                if not j.done and j.current.state_raw == "PENDING":
+                    j.held = True
+        if plain:
+            super().hold(plain)
+
+    def release(self, job_ids: Iterable[int]) -> None:
+        ids: list[int] = []
+        for jid in job_ids:
+            ids.extend(self.arrays[jid].values() if jid in self.arrays else [jid])
+        super().release(ids)
+
     def ended(self) -> list[tuple[int, int, datetime | None]]:
         return [(jid, i, r.end) for jid, i, r, _ in self.ended_runs()]
