@@ -398,6 +398,9 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
     if plan.hold:
         to_hold = [sid for _, sid, _ in plan.hold if sid in ok]
         failed = set(_slurm_each(svc.backend.hold, to_hold) if to_hold else [])
+        # Slurm holds an array's waiting tasks but exits non-zero when one of its tasks has ended
+        # ("Job has already finished"): the queue says whether its waiting tasks are held.
+        failed -= _arrays_held(svc, failed)
         failed |= {sid for _, sid, _ in plan.hold if sid not in ok}
         with svc.tx() as s:
             for job_id, sid, _ in plan.hold:
@@ -430,7 +433,28 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
         _slurm_each(svc.backend.cancel, to_cancel)
     tasks = _running_tasks(svc, plan.cancel_tasks)
     if tasks:
-        _slurm_each(svc.backend.cancel, tasks)
+        try:
+            svc.backend.cancel_tasks(tasks)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:  # what it did not cancel runs on; the next run to start is cancelled
+            log.info("ledger: Slurm refused to cancel array tasks %s: %s", tasks, exc.stderr.strip() or exc.message)
+
+
+def _arrays_held(svc: Services, sids: set[int]) -> set[int]:
+    """The Slurm arrays among ``sids`` whose waiting tasks Slurm shows held (one squeue, only when asked)."""
+    if not sids:
+        return set()
+    with svc.sessions() as s:
+        arrays = set(s.execute(select(ArrayBatch.slurm_array_id).where(ArrayBatch.slurm_array_id.in_(sids))
+                               ).scalars())
+    if not arrays:
+        return set()
+    waiting: dict[int, list[str]] = {}
+    for t in svc.backend.jobs(name_prefix="gb-"):
+        if t.array_job_id in arrays and t.state == AttemptState.PENDING:
+            waiting.setdefault(t.array_job_id, []).append(t.reason or "")
+    return {a for a, reasons in waiting.items() if all("held" in r.lower() for r in reasons)}
 
 
 def _runs_pieces(s: Session, job_id: int) -> bool:
@@ -439,9 +463,9 @@ def _runs_pieces(s: Session, job_id: int) -> bool:
                                            ArrayPiece.state == PieceState.RUNNING))).scalar_one()
 
 
-def _running_tasks(svc: Services, arrays: list[tuple[int, int]]) -> list[int]:
-    """The own Slurm ids of the running tasks of these (job id, Slurm array id) that Slurm shows as the
-    jobs' own (one squeue call)."""
+def _running_tasks(svc: Services, arrays: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(Slurm array id, task index) of the running tasks of these (job id, Slurm array id) that Slurm
+    shows as the jobs' own (one squeue call)."""
     if not arrays:
         return []
     with svc.sessions() as s:
@@ -453,7 +477,7 @@ def _running_tasks(svc: Services, arrays: list[tuple[int, int]]) -> list[int]:
         if job is None or t.array_task is None or t.state != AttemptState.RUNNING:
             continue
         if is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
-            out.append(t.job_id)
+            out.append((t.array_job_id, t.array_task))
         else:
             log.error("Slurm job %s is listed in Slurm array %s of gbroker job %s of %s but Slurm shows it as "
                       "%s's (name %r); not touching it", t.job_id, t.array_job_id, job.key, job.owner_name,

@@ -121,7 +121,7 @@ def test_at_100_percent_with_cancel_the_running_pieces_are_cancelled_once_and_th
     set_budget(w, "0.000001", cancel_running=True)
     w.tick()
     assert held_tasks(w, array_id) == {4}
-    assert all(w.slurm.jobs_by_id[t[i]].done for i in (2, 3))  # the running tasks, by their own ids
+    assert all(w.slurm.jobs_by_id[t[i]].done for i in (2, 3))  # the running tasks, by array and index
     assert not w.slurm.jobs_by_id[t[4]].done  # the waiting piece is held, not cancelled
     assert len(events(w, job["id"], "budget_cancel")) == 1
     w.tick()
