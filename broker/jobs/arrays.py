@@ -196,9 +196,9 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
             plan.start_now.extend(f.plan.start_now)
             plan.move.extend(f.plan.move)
             need.update(f.need)
-            for jid, digest in f.settled.items():
-                if digest is not None:
-                    svc.array_seen[jid] = digest
+            for jid, remembered in f.settled.items():
+                if remembered is not None:
+                    svc.array_seen[jid] = remembered
                 else:
                     svc.array_seen.pop(jid, None)
     if need:

@@ -452,7 +452,7 @@ def _arrays_held(svc: Services, sids: set[int]) -> set[int]:
         return set()
     waiting: dict[int, list[str]] = {}
     for t in svc.backend.jobs(name_prefix="gb-"):
-        if t.array_job_id in arrays and t.state == AttemptState.PENDING:
+        if t.array_job_id is not None and t.array_job_id in arrays and t.state == AttemptState.PENDING:
             waiting.setdefault(t.array_job_id, []).append(t.reason or "")
     return {a for a, reasons in waiting.items() if all("held" in r.lower() for r in reasons)}
 
@@ -473,11 +473,12 @@ def _running_tasks(svc: Services, arrays: list[tuple[int, int]]) -> list[tuple[i
     wanted = {sid: jobs[j] for j, sid in arrays if j in jobs}
     out = []
     for t in svc.backend.jobs(name_prefix="gb-"):  # a task is listed under its own id, not its array's
-        job = wanted.get(t.array_job_id) if t.array_job_id is not None else None
-        if job is None or t.array_task is None or t.state != AttemptState.RUNNING:
+        array_id = t.array_job_id
+        job = wanted.get(array_id) if array_id is not None else None
+        if job is None or array_id is None or t.array_task is None or t.state != AttemptState.RUNNING:
             continue
         if is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
-            out.append((t.array_job_id, t.array_task))
+            out.append((array_id, t.array_task))
         else:
             log.error("Slurm job %s is listed in Slurm array %s of gbroker job %s of %s but Slurm shows it as "
                       "%s's (name %r); not touching it", t.job_id, t.array_job_id, job.key, job.owner_name,
