@@ -9,17 +9,20 @@ requeued by Slurm itself (every gbroker job may be requeued), in the same
 task: only the pieces that ran on that node run again, the finished ones
 never do.
 
-The reconcile tick reads the queue once for every job (``squeue --array``
-lists every task on its own row) and calls :func:`reconcile_arrays` with it.
-An array whose tasks the queue shows exactly as at the last tick that
-settled it is skipped without reading its pieces (``Services.array_seen``),
-so a tick over a hundred arrays of a thousand waiting tasks costs the one
-``squeue`` and a pass over the listing. Tasks that left the queue, or were
+The reconcile tick reads the queue once for every job (a row per started
+task, one row for an array's tasks not started yet) and calls
+:func:`reconcile_arrays` with it. An array whose tasks the queue shows
+exactly as at the last tick that settled it is skipped without reading its
+pieces (``Services.array_seen``), so a tick over a hundred arrays of a
+thousand waiting tasks costs the one ``squeue`` and a pass over the listing.
+The arrays that changed are followed together in one pass (``_follow``): a
+fixed number of statements and one savepoint, however many changed. Tasks that left the queue, or were
 requeued, are read from accounting with one ``sacct --duplicates`` for all
 arrays together (their task names, ``123_7``, tell the pieces apart). Each
 ended run becomes an attempt of the job with the task's own Slurm id, so the
 ledger charges it like any run: useful when it completed or failed, lost
-when its node was taken.
+when its node was taken. At its group's budget the ledger holds the array's
+Slurm arrays (``budget_held`` here: no retry batch is submitted meanwhile).
 """
 
 from __future__ import annotations

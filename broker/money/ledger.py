@@ -13,7 +13,8 @@ Each tick:
 4. per budget of the semester in force: announces thresholds crossed, holds
    the group's pending jobs in Slurm while it is at its limit (intent first,
    then ``scontrol hold``), releases them when the budget allows again, and
-   cancels running jobs at 100 % when the budget says so;
+   cancels running jobs at 100 % when the budget says so; an array is held
+   by its Slurm arrays and its running tasks are cancelled (docs/ARRAYS.md);
 5. charges node time no job used: idle stretches, the time a pool's billing
    rounds a power-up up to (one ``rounding`` line when the power-up ends) and
    the time a stopped node keeps billing where its pool says so (``stopped``).
