@@ -292,6 +292,19 @@ def _runs_of(indices: tuple[int, ...]) -> list[tuple[int, int]]:
     return out
 
 
+def _task_runs(expr: str) -> list[tuple[int, int]]:
+    """The runs of squeue's row of tasks not started yet: ``17-1000%64`` is one run, read without
+    listing its indices; anything with a step goes through the grammar (:func:`_indices`)."""
+    body = expr.split("%", 1)[0]
+    runs: list[tuple[int, int]] = []
+    for part in body.split(","):
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())):
+            return _runs_of(_indices(expr))
+        runs.append((int(lo), int(hi) if sep else int(lo)))
+    return _merge(runs)
+
+
 def _indices(expr: str) -> tuple[int, ...]:
     """The indices of squeue's row of tasks not started yet (``5-29:2``, ``1,3,8-10``)."""
     try:
@@ -400,7 +413,7 @@ def _follow(
                     listed.alone[(b.slurm_array_id, t.array_task)] = (pos, t)
                 elif t.array_tasks is not None:  # tasks not started yet, one row for all of them
                     spans = listed.spans.setdefault(b.slurm_array_id, [])
-                    spans.extend((lo, hi, pos, t) for lo, hi in _runs_of(_indices(t.array_tasks)))
+                    spans.extend((lo, hi, pos, t) for lo, hi in _task_runs(t.array_tasks))
         follow.append((item, {b.number: b.slurm_array_id for b in batches}, listed))
     if not follow:
         return out

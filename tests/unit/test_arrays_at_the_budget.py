@@ -185,6 +185,10 @@ def test_many_arrays_are_followed_in_one_pass_and_a_bad_one_does_not_stop_the_ot
 
 def test_the_ranges_the_queue_does_not_show_are_the_gaps_between_its_runs():
     assert arrays._runs_of((5, 1, 2, 3, 9, 10)) == [(1, 3), (5, 5), (9, 10)]
+    assert arrays._task_runs("17-1000%64") == [(17, 1000)]
+    assert arrays._task_runs("3,5-9,10,1") == [(1, 1), (3, 3), (5, 10)]
+    assert arrays._task_runs("5-11:3") == [(5, 5), (8, 8), (11, 11)]  # a step: through the grammar
+    assert arrays._task_runs("x-y") == []  # unreadable: asked about again (as before)
     assert arrays._merge([(17, 1000), (3, 3), (1, 1), (2, 2), (4, 16)]) == [(1, 1000)]
     far = arrays.FAR
     assert arrays._gaps([(1, 3), (5, 5)]) == [(-far, 0), (4, 4), (6, far)]
