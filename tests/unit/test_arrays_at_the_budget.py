@@ -199,3 +199,37 @@ def test_the_ranges_the_queue_does_not_show_are_the_gaps_between_its_runs():
     listed.spans[7] = [(2, 9, 2, later)]  # type: ignore[list-item]
     assert listed.get(7, 2) is later and listed.get(7, 5) is later and listed.get(7, 10) is None
     assert listed.get(8, 2) is None and listed.runs(7) == [(2, 9)]
+
+
+def test_array_tasks_are_cancelled_by_array_and_index_not_by_their_own_ids():
+    from broker.slurm.cli_backend import CliBackend
+    from broker.slurm.runner import CompletedRun
+
+    calls: list[list[str]] = []
+
+    class Recording:
+        def run(self, argv: Any, *, timeout_s: Any = None, env: Any = None, user: Any = None,
+                input: Any = None) -> CompletedRun:  # noqa: A002 - the runner's own keyword
+            calls.append(list(argv))
+            return CompletedRun(list(argv), "", "", 0, 0.0)
+
+    backend = CliBackend(Recording())  # type: ignore[arg-type]
+    backend.cancel_tasks([(120, 2), (120, 3), (130, 1)])
+    backend.cancel_tasks([])
+    assert [c[1:] for c in calls] == [["120_2", "120_3", "130_1"]] and calls[0][0].endswith("scancel")
+
+
+def test_an_array_id_is_verified_by_its_tasks_rows(world: World):
+    from broker.ownership import verified
+
+    w = world
+    job = submit_array(w, pieces="1-3")
+    w.tick()
+    (array_id,) = w.slurm.arrays
+    w.slurm.start(w.slurm.task(array_id, 2), "spot2")
+    with w.svc.sessions() as s:
+        from broker.db.models import Job
+
+        key = s.get(Job, job["id"]).key  # type: ignore[union-attr]
+    assert verified(w.svc, [(array_id, key, "alice")]) == [array_id]
+    assert verified(w.svc, [(array_id, key, "bob")]) == []  # shown as alice's: not bob's job
