@@ -31,12 +31,17 @@ def verified(svc: Services, bound: Iterable[tuple[int, str, str]]) -> list[int]:
     wanted = {sid: (key, owner) for sid, key, owner in bound}
     if not wanted:
         return []
-    out = []
+    out, bad = set(), set()
     for sj in svc.backend.jobs(job_ids=list(wanted)):
-        key, owner = wanted[sj.job_id]
+        # A Slurm array id lists its tasks, each under its own id: the array is the id asked about.
+        sid = sj.job_id if sj.job_id in wanted else sj.array_job_id
+        if sid is None or sid not in wanted:
+            continue
+        key, owner = wanted[sid]
         if is_ours(key, owner, name=sj.name, comment=sj.comment, user=sj.user):
-            out.append(sj.job_id)
+            out.add(sid)
         else:
+            bad.add(sid)
             log.error("Slurm job %s is recorded for gbroker job %s of %s but Slurm shows it as %s's "
                       "(name %r); not touching it", sj.job_id, key, owner, sj.user, sj.name)
-    return sorted(out)
+    return sorted(out - bad)

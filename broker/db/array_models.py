@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from broker.db.models import NAME_LEN, Base
@@ -44,7 +44,11 @@ class ArrayPiece(Base):
     """One piece of an array: one Slurm array task, running the indices ``idx`` to ``last``."""
 
     __tablename__ = "array_pieces"
-    __table_args__ = (UniqueConstraint("job_id", "idx"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "idx"),
+        # The tick's counts per state and its look-ups of waiting pieces by index, from the index alone.
+        Index("ix_array_pieces_job_state_idx", "job_id", "state", "idx"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)

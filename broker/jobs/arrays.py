@@ -9,17 +9,20 @@ requeued by Slurm itself (every gbroker job may be requeued), in the same
 task: only the pieces that ran on that node run again, the finished ones
 never do.
 
-The reconcile tick reads the queue once for every job (``squeue --array``
-lists every task on its own row) and calls :func:`reconcile_arrays` with it.
-An array whose tasks the queue shows exactly as at the last tick that
-settled it is skipped without reading its pieces (``Services.array_seen``),
-so a tick over a hundred arrays of a thousand waiting tasks costs the one
-``squeue`` and a pass over the listing. Tasks that left the queue, or were
+The reconcile tick reads the queue once for every job (a row per started
+task, one row for an array's tasks not started yet) and calls
+:func:`reconcile_arrays` with it. An array whose tasks the queue shows
+exactly as at the last tick that settled it is skipped without reading its
+pieces (``Services.array_seen``), so a tick over a hundred arrays of a
+thousand waiting tasks costs the one ``squeue`` and a pass over the listing.
+The arrays that changed are followed together in one pass (``_follow``): a
+fixed number of statements and one savepoint, however many changed. Tasks that left the queue, or were
 requeued, are read from accounting with one ``sacct --duplicates`` for all
 arrays together (their task names, ``123_7``, tell the pieces apart). Each
 ended run becomes an attempt of the job with the task's own Slurm id, so the
 ledger charges it like any run: useful when it completed or failed, lost
-when its node was taken.
+when its node was taken. At its group's budget the ledger holds the array's
+Slurm arrays (``budget_held`` here: no retry batch is submitted meanwhile).
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import String, bindparam, exists, func, select, text, type_coerce
+from sqlalchemy import bindparam, exists, func, select, text
 from sqlalchemy.orm import Session, lazyload
 
 from broker.db import store
 from broker.db.array_models import ArrayBatch, ArrayPiece
+from broker.db.ledger_models import BudgetHold
 from broker.db.models import Job
 from broker.errors import SlurmUnavailable
 from broker.jobs import lifecycle
@@ -159,7 +163,8 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
         for b in s.execute(select(ArrayBatch).where(ArrayBatch.job_id.in_(live)).order_by(ArrayBatch.number)
                            ).scalars():
             batches.setdefault(b.job_id, []).append(b)
-        todo: list[tuple[Job, list[ArrayBatch], int]] = []
+        held = budget_held(s, list(live))
+        todo: list[_Todo] = []
         for job in jobs:
             mine = batches.get(job.id, [])
             if any(svc.sbatch_busy(claim_id(b.id), since=listed_at) for b in mine):
@@ -169,39 +174,36 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
             unsent = [b for b in mine if b.slurm_array_id is None]
             if svc.array_seen.get(job.id) == digest and not unsent:
                 continue  # the queue shows it as it did when it was last settled
-            todo.append((job, mine, digest))
-        # The waiting pieces of every array to look at, in one query (indices only).
-        waiting: dict[int, list[tuple[int, int]]] = {}
+            todo.append(_Todo(job, mine, digest, job.id in held))
+        # Every changed array in one pass: a handful of statements for all of them, one savepoint.
+        # Only when that pass fails is each array followed on its own, so one bad array cannot
+        # stop everyone's tick.
+        done: list[_Followed] = []
         if todo:
-            # Plain integers straight from the driver (no per-row conversion): thousands of rows a tick.
-            raw = s.connection().execute(WAITING_SQL, {"ids": [j.id for j, _, _ in todo],
-                                                       "state": PieceState.PENDING.value})
-            for jid, idx, batch in raw.fetchall():
-                waiting.setdefault(jid, []).append((idx, batch))
-        looked = []
-        for job, mine, digest in todo:
             try:
                 with s.begin_nested():
-                    settled = _look(s, svc, job, mine, tasks, by_name, now, plan, need, waiting.get(job.id, []))
+                    done = [_follow(s, svc, todo, tasks, by_name, now)]
             except Exception as exc:  # noqa: BLE001 - one bad array must not stop everyone's tick
-                log.exception("array job %s: %s", job.id, exc)
-                svc.array_seen.pop(job.id, None)
-                continue
-            if settled is not None:
-                looked.append(job)
-            if settled:
-                svc.array_seen[job.id] = digest
-            else:
-                svc.array_seen.pop(job.id, None)
-        s.flush()
-        all_counts = counts_of(s, [j.id for j in looked])
-        for job in looked:
-            try:
-                with s.begin_nested():
-                    _progress(s, svc, job, now, all_counts.get(job.id, {}))
-            except Exception as exc:  # noqa: BLE001
-                log.exception("array job %s: %s", job.id, exc)
-                svc.array_seen.pop(job.id, None)
+                log.warning("arrays: the tick's pass over %d arrays failed (%s); following each on its own",
+                            len(todo), exc)
+                done = []
+                for item in todo:
+                    try:
+                        with s.begin_nested():
+                            done.append(_follow(s, svc, [item], tasks, by_name, now))
+                    except Exception as exc1:  # noqa: BLE001
+                        log.exception("array job %s: %s", item.job.id, exc1)
+                        svc.array_seen.pop(item.job.id, None)
+        for f in done:
+            plan.sbatch.extend(f.plan.sbatch)
+            plan.start_now.extend(f.plan.start_now)
+            plan.move.extend(f.plan.move)
+            need.update(f.need)
+            for jid, remembered in f.settled.items():
+                if remembered is not None:
+                    svc.array_seen[jid] = remembered
+                else:
+                    svc.array_seen.pop(jid, None)
     if need:
         try:
             rows = svc.backend.array_history(sorted({a for ids in need.values() for a in ids}))
@@ -212,19 +214,95 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
         for r in rows:
             runs.setdefault((r.array_id, r.task), []).append(r)
         with svc.tx() as s:
+            held = budget_held(s, list(need))
             for job_id in need:
                 job = must_get(s, Job, job_id)
                 try:
                     with s.begin_nested():
-                        _settle(s, svc, job, tasks, runs, now, plan)
+                        _settle(s, svc, job, tasks, runs, now, plan, job_id in held)
                 except Exception as exc:  # noqa: BLE001
                     log.exception("array job %s: %s", job.id, exc)
                     svc.array_seen.pop(job.id, None)
     return plan
 
 
-WAITING_SQL = text("SELECT job_id, idx, batch FROM array_pieces WHERE state = :state AND job_id IN :ids").bindparams(
-    bindparam("ids", expanding=True))
+@dataclass
+class _Todo:
+    """An array the queue shows otherwise than when it was last settled."""
+
+    job: Job
+    batches: list[ArrayBatch]
+    digest: int
+    held: bool
+    """Its group is at its budget: gbroker holds its pending pieces and submits no retry batch."""
+
+
+@dataclass
+class _Followed:
+    """What one pass over some arrays decided, kept only when the whole pass went through."""
+
+    plan: ArrayPlan = field(default_factory=ArrayPlan)
+    need: dict[int, list[int]] = field(default_factory=dict)
+    settled: dict[int, int | None] = field(default_factory=dict)
+    """job id -> its digest when nothing is left for accounting to tell, None when something is."""
+
+
+@dataclass
+class _Listed:
+    """One array's tasks in the queue: a row per started task, ranges for the tasks not started."""
+
+    alone: dict[tuple[int, int], tuple[int, SlurmJob]] = field(default_factory=dict)
+    """(Slurm array id, index) -> (row position, its row)."""
+    spans: dict[int, list[tuple[int, int, int, SlurmJob]]] = field(default_factory=dict)
+    """Slurm array id -> (first, last, row position, the row) of runs of tasks not started."""
+
+    def get(self, array_id: int, idx: int) -> SlurmJob | None:
+        """The row that shows the task, the later one when two do (as a dict filled in order would)."""
+        best = self.alone.get((array_id, idx))
+        for lo, hi, pos, t in self.spans.get(array_id, ()):
+            if lo <= idx <= hi and (best is None or pos > best[0]):
+                best = (pos, t)
+        return best[1] if best is not None else None
+
+    def runs(self, array_id: int) -> list[tuple[int, int]]:
+        """Every index the queue shows for the array, as disjoint runs."""
+        idx = {i for a, i in self.alone if a == array_id}
+        spans = [(lo, hi) for lo, hi, _, _ in self.spans.get(array_id, ())]
+        return _merge([(i, i) for i in idx] + spans)
+
+
+def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(runs):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _runs_of(indices: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Sorted indices as runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(indices):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        elif not out or i > out[-1][1]:
+            out.append((i, i))
+    return out
+
+
+def _task_runs(expr: str) -> list[tuple[int, int]]:
+    """The runs of squeue's row of tasks not started yet: ``17-1000%64`` is one run, read without
+    listing its indices; anything with a step goes through the grammar (:func:`_indices`)."""
+    body = expr.split("%", 1)[0]
+    runs: list[tuple[int, int]] = []
+    for part in body.split(","):
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())):
+            return _runs_of(_indices(expr))
+        runs.append((int(lo), int(hi) if sep else int(lo)))
+    return _merge(runs)
 
 
 def _indices(expr: str) -> tuple[int, ...]:
@@ -240,93 +318,183 @@ def _pieces(s: Session, job_id: int) -> list[ArrayPiece]:
     return list(s.execute(select(ArrayPiece).where(ArrayPiece.job_id == job_id).order_by(ArrayPiece.idx)).scalars())
 
 
-def _look(
-    s: Session, svc: Services, job: Job, batches: list[ArrayBatch], tasks: dict[int, list[SlurmJob]],
-    by_name: dict[str, int], now: datetime, plan: ArrayPlan, need: dict[int, list[int]],
-    waiting_rows: list[tuple[int, int]],
-) -> bool | None:
-    """Follow the queue for one array; True when nothing is left for accounting to tell, None when
-    its first batch is not in Slurm yet.
+ROWS_PER_STATEMENT = 2000
+"""Runs of indices sent in one statement (four parameters each: far under SQLite's 32,766)."""
 
-    ``waiting_rows``: (index, batch) of its pieces stored as pending. The caller moves the
-    array's own state after (``_progress``)."""
-    for b in batches:
-        if b.slurm_array_id is None:
-            found = by_name.get(batch_name(job.key, b.number))
-            if found is not None and any(is_ours(job.key, job.owner_name, name=t.name, comment=t.comment,
-                                                 user=t.user) for t in tasks.get(found, [])):
-                b.slurm_array_id, b.submitted_at = found, b.submitted_at or now
-                store.add_event(s, "adopted", f"found Slurm job array {found} by key after a restart",
-                                now=now, job_id=job.id)
-            elif b.number == 1:
-                blocked = chain_blocks(s, svc, job, now)
-                if blocked is None:
-                    plan.sbatch.append((job.id, b.id))
-                return None  # not in Slurm yet: nothing to follow
-            else:
-                plan.sbatch.append((job.id, b.id))
-    number = {b.number: b.slurm_array_id for b in batches}
-    listed: dict[tuple[int, int], SlurmJob] = {}
-    for b in batches:
-        if b.slurm_array_id is None:
+_PENDING_IN_GAPS = (
+    "SELECT DISTINCT l.job_id, l.batch FROM listed l JOIN array_pieces p"
+    " ON p.job_id = l.job_id AND p.state = :pending AND p.idx >= l.lo AND p.idx <= l.hi WHERE p.batch = l.batch"
+)
+_ALONE_PENDING = (
+    "SELECT p.id, p.job_id, p.idx, p.state, p.batch, p.runs, p.nodes FROM listed l JOIN array_pieces p"
+    " ON p.job_id = l.job_id AND p.state = :pending AND p.idx >= l.lo AND p.idx <= l.hi"
+)
+FAR = 2**31 - 1
+"""Beyond any index (a 32-bit integer, as the column): the open ends of the ranges the queue does not show."""
+
+
+def _gaps(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The indices outside these disjoint, sorted runs, as ranges (the open ends up to ``FAR``)."""
+    out, at = [], -FAR
+    for lo, hi in runs:
+        if lo > at:
+            out.append((at, lo - 1))
+        at = hi + 1
+    out.append((at, FAR))
+    return out
+
+
+def _with_listed(sql: str, rows: list[tuple[int, int, int, int]]) -> tuple[Any, dict[str, Any]]:
+    """``sql`` over a table ``listed(job_id, batch, lo, hi)`` of these rows (a VALUES list)."""
+    params: dict[str, Any] = {}
+    values = []
+    for n, (jid, batch, lo, hi) in enumerate(rows):
+        params.update({f"j{n}": jid, f"b{n}": batch, f"l{n}": lo, f"h{n}": hi})
+        if n == 0:  # typed once, so every database reads the columns as integers
+            values.append(f"(CAST(:j{n} AS INTEGER), CAST(:b{n} AS INTEGER), CAST(:l{n} AS INTEGER), "
+                          f"CAST(:h{n} AS INTEGER))")
+        else:
+            values.append(f"(:j{n}, :b{n}, :l{n}, :h{n})")
+    return text(f"WITH listed(job_id, batch, lo, hi) AS (VALUES {', '.join(values)}) {sql}"), params
+
+
+def _chunks(rows: list[tuple[int, int, int, int]]) -> list[list[tuple[int, int, int, int]]]:
+    return [rows[i:i + ROWS_PER_STATEMENT] for i in range(0, len(rows), ROWS_PER_STATEMENT)]
+
+
+def _follow(
+    s: Session, svc: Services, todo: list[_Todo], tasks: dict[int, list[SlurmJob]], by_name: dict[str, int],
+    now: datetime,
+) -> _Followed:
+    """Follow the queue for these arrays together, then move each array's own state.
+
+    The pieces the queue shows waiting, as they are stored, need nothing and are not read:
+    the database counts, per batch, the stored waiting pieces and those among the indices the
+    queue shows; a batch where these differ has tasks that left the queue unseen, and accounting
+    says how they ended. The other pieces (running, waiting for a batch) and the waiting ones the
+    queue shows started are read as plain values, for every array in one query each; only those
+    whose state the queue shows otherwise are loaded as rows and changed."""
+    out = _Followed()
+    conn = s.connection()
+    pending, running = PieceState.PENDING.value, PieceState.RUNNING.value
+    follow: list[tuple[_Todo, dict[int, int | None], _Listed]] = []
+    for item in todo:
+        job, batches = item.job, item.batches
+        in_slurm = True
+        for b in batches:
+            if b.slurm_array_id is None:
+                found = by_name.get(batch_name(job.key, b.number))
+                if found is not None and any(is_ours(job.key, job.owner_name, name=t.name, comment=t.comment,
+                                                     user=t.user) for t in tasks.get(found, [])):
+                    b.slurm_array_id, b.submitted_at = found, b.submitted_at or now
+                    store.add_event(s, "adopted", f"found Slurm job array {found} by key after a restart",
+                                    now=now, job_id=job.id)
+                elif b.number == 1:
+                    blocked = chain_blocks(s, svc, job, now)
+                    if blocked is None:
+                        out.plan.sbatch.append((job.id, b.id))
+                    in_slurm = False  # not in Slurm yet: nothing to follow
+                    break
+                elif not item.held:  # a held array gets no new batch until its budget allows again
+                    out.plan.sbatch.append((job.id, b.id))
+        if not in_slurm:
+            out.settled[job.id] = None
             continue
-        for t in tasks.get(b.slurm_array_id, []):
-            if not is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
+        listed = _Listed()
+        pos = 0
+        for b in batches:
+            if b.slurm_array_id is None:
                 continue
-            if t.array_task is not None:
-                listed[(b.slurm_array_id, t.array_task)] = t
-            elif t.array_tasks is not None:
-                for i in _indices(t.array_tasks):  # tasks not started yet, one row for all of them
-                    listed[(b.slurm_array_id, i)] = t
-    ask: set[int] = set()
-    # The pieces the queue shows waiting, as they are stored, need nothing: only their indices are
-    # read (a tick over thousands of pieces). The others are read as plain values; only those the
-    # queue shows otherwise are loaded as rows and changed.
-    alone = {i for (_a, i), t in listed.items() if t.array_task is not None}
-    for idx, batch in waiting_rows:
-        array_id = number.get(batch)
-        if array_id is not None and (array_id, idx) not in listed:
-            ask.add(array_id)  # never seen running, and gone: accounting says how it ended
-    look_at: Any = ArrayPiece.state.not_in([*PIECE_FINAL, PieceState.PENDING])
-    if alone:
-        look_at = look_at | ((ArrayPiece.state == PieceState.PENDING) & ArrayPiece.idx.in_(sorted(alone)))
-    rows = s.execute(select(ArrayPiece.id, ArrayPiece.idx, type_coerce(ArrayPiece.state, String), ArrayPiece.batch,
-                            ArrayPiece.runs, ArrayPiece.nodes)
-                     .where(ArrayPiece.job_id == job.id, look_at)).all()
+            for t in tasks.get(b.slurm_array_id, []):
+                pos += 1
+                if not is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
+                    continue
+                if t.array_task is not None:
+                    listed.alone[(b.slurm_array_id, t.array_task)] = (pos, t)
+                elif t.array_tasks is not None:  # tasks not started yet, one row for all of them
+                    spans = listed.spans.setdefault(b.slurm_array_id, [])
+                    spans.extend((lo, hi, pos, t) for lo, hi in _task_runs(t.array_tasks))
+        follow.append((item, {b.number: b.slurm_array_id for b in batches}, listed))
+    if not follow:
+        return out
+    s.flush()  # adopted batches
+    ids = [item.job.id for item, _, _ in follow]
+    ask: dict[int, set[int]] = {jid: set() for jid in ids}
+    # Stored waiting pieces of a batch outside the indices the queue shows for it.
+    gap_rows: list[tuple[int, int, int, int]] = []
+    alone_rows: list[tuple[int, int, int, int]] = []
+    for item, number, listed in follow:
+        for n, array_id in number.items():
+            if array_id is not None:
+                gap_rows.extend((item.job.id, n, lo, hi) for lo, hi in _gaps(listed.runs(array_id)))
+        # A started task's piece, stored as waiting, in whichever batch (the queue decides below).
+        alone = sorted({i for (a, i), (_p, t) in listed.alone.items() if listed.get(a, i) is t})
+        alone_rows.extend((item.job.id, 0, lo, hi) for lo, hi in _runs_of(tuple(alone)))
+    numbers = {item.job.id: number for item, number, _ in follow}
+    for chunk in _chunks(gap_rows):
+        sql, params = _with_listed(_PENDING_IN_GAPS, chunk)
+        for jid, batch in conn.execute(sql, {**params, "pending": pending}):
+            array_id = numbers[int(jid)].get(int(batch))
+            if array_id is not None:
+                ask[int(jid)].add(array_id)  # never seen running, and gone: accounting says how it ended
+    rows: dict[int, list[tuple[int, int, str, int, int, str]]] = {jid: [] for jid in ids}
+    others = [x.value for x in PieceState if x not in PIECE_FINAL and x != PieceState.PENDING]
+    for pid, jid, idx, state, batch, runs, nodes in conn.execute(OTHERS_SQL, {"ids": ids, "states": others}):
+        rows[int(jid)].append((pid, idx, state, batch, runs, nodes))
+    for chunk in _chunks(alone_rows):
+        sql, params = _with_listed(_ALONE_PENDING, chunk)
+        for pid, jid, idx, state, batch, runs, nodes in conn.execute(sql, {**params, "pending": pending}):
+            rows[int(jid)].append((pid, idx, state, batch, runs, nodes))
     change: dict[int, tuple[PieceState, SlurmJob]] = {}
-    running, pending = PieceState.RUNNING.value, PieceState.PENDING.value
-    for pid, idx, state, batch, runs, nodes in rows:
-        array_id = number.get(batch)
-        if array_id is None:
-            continue  # its batch is not in Slurm yet
-        sj = listed.get((array_id, idx))
-        if sj is None:
-            ask.add(array_id)  # left the queue: accounting says how it ended
-            continue
-        if sj.restarts > runs or (sj.array_tasks is not None and state == running):
-            # Requeued: the run before ended (a reclaim, most often). A requeued task that waits
-            # is listed in its array's row of tasks not started (with that row's restart count).
-            ask.add(array_id)
-            continue
-        if sj.state == AttemptState.RUNNING and sj.state_raw != "CONFIGURING":
-            if state != running or nodes != ",".join(sj.nodes):
-                change[pid] = (PieceState.RUNNING, sj)
-        elif sj.state in (AttemptState.PENDING, AttemptState.RUNNING):
-            if state not in (running, pending):
-                change[pid] = (PieceState.PENDING, sj)
-            if sj.reason == "BeginTime" and sj.restarts > 0 and sj.array_task is not None:
-                plan.start_now.append(sj.job_id)  # Slurm's requeue delay: gbroker asks for none
+    for item, number, listed in follow:
+        job = item.job
+        mine = ask[job.id]
+        for pid, idx, state, batch, runs, nodes in rows[job.id]:
+            array_id = number.get(batch)
+            if array_id is None:
+                continue  # its batch is not in Slurm yet
+            sj = listed.get(array_id, idx)
+            if sj is None:
+                mine.add(array_id)  # left the queue: accounting says how it ended
+                continue
+            if sj.restarts > runs or (sj.array_tasks is not None and state == running):
+                # Requeued: the run before ended (a reclaim, most often). A requeued task that waits
+                # is listed in its array's row of tasks not started (with that row's restart count).
+                mine.add(array_id)
+                continue
+            if sj.state == AttemptState.RUNNING and sj.state_raw != "CONFIGURING":
+                if state != running or nodes != ",".join(sj.nodes):
+                    change[pid] = (PieceState.RUNNING, sj)
+            elif sj.state in (AttemptState.PENDING, AttemptState.RUNNING):
+                if state not in (running, pending):
+                    change[pid] = (PieceState.PENDING, sj)
+                if sj.reason == "BeginTime" and sj.restarts > 0 and sj.array_task is not None:
+                    out.plan.start_now.append(sj.job_id)  # Slurm's requeue delay: gbroker asks for none
+        if mine:
+            out.need[job.id] = sorted(mine)
+        out.settled[job.id] = None if mine else item.digest
     if change:
-        for p in s.execute(select(ArrayPiece).where(ArrayPiece.id.in_(list(change)))).scalars():
-            to, sj = change[p.id]
-            if to == PieceState.RUNNING:
-                lifecycle.piece_seen(p, PieceState.RUNNING, now, nodes=",".join(sj.nodes),
-                                     started_at=_utc(sj.start_time) or now)
-            else:
-                lifecycle.piece_seen(p, PieceState.PENDING, now)
-    if ask:
-        need[job.id] = sorted(ask)
-    return not ask
+        keys = list(change)
+        for i in range(0, len(keys), ROWS_PER_STATEMENT):
+            for p in s.execute(select(ArrayPiece).where(ArrayPiece.id.in_(keys[i:i + ROWS_PER_STATEMENT]))
+                               ).scalars():
+                to, sj = change[p.id]
+                if to == PieceState.RUNNING:
+                    lifecycle.piece_seen(p, PieceState.RUNNING, now, nodes=",".join(sj.nodes),
+                                         started_at=_utc(sj.start_time) or now)
+                else:
+                    lifecycle.piece_seen(p, PieceState.PENDING, now)
+    s.flush()
+    all_counts = counts_of(s, ids)
+    for item, _, _ in follow:
+        _progress(s, svc, item.job, now, all_counts.get(item.job.id, {}), held=item.held)
+    s.flush()
+    return out
+
+
+OTHERS_SQL = text(
+    "SELECT id, job_id, idx, state, batch, runs, nodes FROM array_pieces WHERE job_id IN :ids AND state IN :states"
+).bindparams(bindparam("ids", expanding=True), bindparam("states", expanding=True))
 
 
 STATE_OF_RUN = {
@@ -345,7 +513,7 @@ STATE_OF_RUN = {
 
 def _settle(
     s: Session, svc: Services, job: Job, tasks: dict[int, list[SlurmJob]],
-    runs: dict[tuple[int, int], list[ArrayRow]], now: datetime, plan: ArrayPlan,
+    runs: dict[tuple[int, int], list[ArrayRow]], now: datetime, plan: ArrayPlan, held: bool = False,
 ) -> None:
     """Record every ended run of the array's pieces, move each piece on, plan the retries."""
     spec = stored_spec(job)
@@ -407,10 +575,10 @@ def _settle(
             lifecycle.piece_settled(p, PieceState.WAITING, f"retry {p.failures} after exit {p.exit_code}", now)
             retry.append(p)
     if retry:
-        _retry_batch(s, job, batches, retry, now, plan)
+        _retry_batch(s, job, batches, retry, now, plan, held)
     if requeued:
         _after_reclaim(s, svc, job, spec, requeued, now, plan)
-    _progress(s, svc, job, now)
+    _progress(s, svc, job, now, held=held)
 
 
 def _after_reclaim(s: Session, svc: Services, job: Job, spec: JobSpec, requeued: list[tuple[ArrayPiece, int, str]],
@@ -436,7 +604,8 @@ def _after_reclaim(s: Session, svc: Services, job: Job, spec: JobSpec, requeued:
 
 
 def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: list[ArrayPiece], now: datetime,
-                 plan: ArrayPlan) -> None:
+                 plan: ArrayPlan, held: bool = False) -> None:
+    """The pieces to run again as a new batch; submitted at once, or once the budget allows (``held``)."""
     first = batches[min(batches)]
     number = max(batches) + 1
     indices = compress(p.idx for p in retry)
@@ -446,6 +615,10 @@ def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: li
     for p in retry:
         p.batch, p.runs = number, 0
     s.flush()
+    if held:
+        store.add_event(s, "retry", f"pieces {indices} run again as batch {number} once the group's budget "
+                        "allows (held by gbroker: the group is at its budget)", now=now, job_id=job.id)
+        return
     store.add_event(s, "retry", f"pieces {indices} run again as batch {number}", now=now, job_id=job.id)
     plan.sbatch.append((job.id, batch.id))
 
@@ -466,8 +639,23 @@ def counts_of(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
     return out
 
 
-def _progress(s: Session, svc: Services, job: Job, now: datetime, c: dict[str, int] | None = None) -> None:
-    """The array's state and reason from its pieces' counts (``c``, else counted here)."""
+BUDGET_HELD = "held by gbroker: the group is at its budget"
+
+
+def budget_held(s: Session, job_ids: list[int]) -> set[int]:
+    """The jobs among these whose pending Slurm jobs gbroker holds for their group's budget (open holds)."""
+    if not job_ids:
+        return set()
+    rows = s.execute(select(BudgetHold.job_id).where(BudgetHold.released_at.is_(None),
+                                                     BudgetHold.job_id.in_(job_ids)).distinct()).scalars()
+    return {int(j) for j in rows}
+
+
+def _progress(s: Session, svc: Services, job: Job, now: datetime, c: dict[str, int] | None = None,
+              held: bool = False) -> None:
+    """The array's state and reason from its pieces' counts (``c``, else counted here).
+
+    ``held``: gbroker holds its pending pieces for its group's budget (``held`` while none runs)."""
     if c is None:
         s.flush()
         c = counts(s, job.id)
@@ -483,7 +671,9 @@ def _progress(s: Session, svc: Services, job: Job, now: datetime, c: dict[str, i
         else:
             lifecycle.array_moved(s, job, JobState.CANCELLED, line, now)
     elif c.get("running", 0):
-        lifecycle.array_moved(s, job, JobState.RUNNING, line, now)
+        lifecycle.array_moved(s, job, JobState.RUNNING, f"{line}; the others {BUDGET_HELD}" if held else line, now)
+    elif held:
+        lifecycle.array_moved(s, job, JobState.HELD, f"{BUDGET_HELD}; {line}", now)
     elif job.state != JobState.ADMITTED:
         lifecycle.array_moved(s, job, JobState.PENDING, line, now)
 

@@ -13,7 +13,8 @@ Each tick:
 4. per budget of the semester in force: announces thresholds crossed, holds
    the group's pending jobs in Slurm while it is at its limit (intent first,
    then ``scontrol hold``), releases them when the budget allows again, and
-   cancels running jobs at 100 % when the budget says so;
+   cancels running jobs at 100 % when the budget says so; an array is held
+   by its Slurm arrays and its running tasks are cancelled (docs/ARRAYS.md);
 5. charges node time no job used: idle stretches, the time a pool's billing
    rounds a power-up up to (one ``rounding`` line when the power-up ends) and
    the time a stopped node keeps billing where its pool says so (``stopped``).
@@ -28,7 +29,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import exists, func, select
@@ -47,7 +48,8 @@ from broker.db.ledger_models import (
     LedgerRun,
     ReservationRelease,
 )
-from broker.db.models import Attempt, Job
+from broker.db.array_models import ArrayBatch, ArrayPiece
+from broker.db.models import Attempt, Event, Job
 from broker.db.node_models import USAGE_IDLE, NodeSession, NodeUsage
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.amount import cost_micros, format_money
@@ -56,10 +58,10 @@ from broker.money import budgets as B
 from broker.money.charging import MissingPrice, Run, rounding_s, split_run, stopped_price_micros
 from broker.config import Settings
 from broker.pools.catalog import Billing
-from broker.ownership import verified
+from broker.ownership import is_ours, verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
-from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState, PieceState
 from broker.state import Services
 
 log = logging.getLogger(__name__)
@@ -340,6 +342,8 @@ class BudgetPlan:
     """(hold row id, slurm job id) to release."""
     cancel: list[tuple[int, int]] = field(default_factory=list)
     """(job id, slurm job id) to cancel."""
+    cancel_tasks: list[tuple[int, int]] = field(default_factory=list)
+    """(array job id, Slurm array id) whose running tasks to cancel (its waiting ones are held or kept)."""
     statuses: list[B.BudgetStatus] = field(default_factory=list)
 
 
@@ -358,6 +362,9 @@ def enforce_budgets(svc: Services, now: datetime, spawn: Any = None) -> BudgetPl
         for job_id, sid in plan.cancel:
             store.add_event(s, "budget_cancel", f"cancelled: group spent 100 % of its budget (Slurm job {sid})",
                             now=now, job_id=job_id)
+        for job_id, sid in plan.cancel_tasks:
+            store.add_event(s, "budget_cancel", "running pieces cancelled: group spent 100 % of its budget "
+                            f"(the running tasks of Slurm array {sid})", now=now, job_id=job_id)
     for alert, command, url in plan.alerts:
         alerts.fire(alert, command, url, svc.settings.hook_user, spawn=spawn)
     svc.crash.reach("ledger_before_hold")
@@ -392,6 +399,9 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
     if plan.hold:
         to_hold = [sid for _, sid, _ in plan.hold if sid in ok]
         failed = set(_slurm_each(svc.backend.hold, to_hold) if to_hold else [])
+        # Slurm holds an array's waiting tasks but exits non-zero when one of its tasks has ended
+        # ("Job has already finished"): the queue says whether its waiting tasks are held.
+        failed -= _arrays_held(svc, failed)
         failed |= {sid for _, sid, _ in plan.hold if sid not in ok}
         with svc.tx() as s:
             for job_id, sid, _ in plan.hold:
@@ -400,7 +410,7 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
                 if sid in failed:
                     if row is not None:
                         row.released_at = now  # it was not held (it started, or left the queue)
-                elif job is not None and job.state in HOLDABLE:
+                elif job is not None and job.state in HOLDABLE and not _runs_pieces(s, job.id):
                     store.set_job_state(s, job, JobState.HELD, "held by gbroker: the group is at its budget",
                                         now=now)
     if plan.release:
@@ -422,6 +432,59 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
     to_cancel = [sid for _, sid in plan.cancel if sid in ok]
     if to_cancel:
         _slurm_each(svc.backend.cancel, to_cancel)
+    tasks = _running_tasks(svc, plan.cancel_tasks)
+    if tasks:
+        try:
+            svc.backend.cancel_tasks(tasks)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:  # what it did not cancel runs on; the next run to start is cancelled
+            log.info("ledger: Slurm refused to cancel array tasks %s: %s", tasks, exc.stderr.strip() or exc.message)
+
+
+def _arrays_held(svc: Services, sids: set[int]) -> set[int]:
+    """The Slurm arrays among ``sids`` whose waiting tasks Slurm shows held (one squeue, only when asked)."""
+    if not sids:
+        return set()
+    with svc.sessions() as s:
+        arrays = set(s.execute(select(ArrayBatch.slurm_array_id).where(ArrayBatch.slurm_array_id.in_(sids))
+                               ).scalars())
+    if not arrays:
+        return set()
+    waiting: dict[int, list[str]] = {}
+    for t in svc.backend.jobs(name_prefix="gb-"):
+        if t.array_job_id is not None and t.array_job_id in arrays and t.state == AttemptState.PENDING:
+            waiting.setdefault(t.array_job_id, []).append(t.reason or "")
+    return {a for a, reasons in waiting.items() if all("held" in r.lower() for r in reasons)}
+
+
+def _runs_pieces(s: Session, job_id: int) -> bool:
+    """Whether an array has a piece running (a held array that runs some stays running)."""
+    return s.execute(select(exists().where(ArrayPiece.job_id == job_id,
+                                           ArrayPiece.state == PieceState.RUNNING))).scalar_one()
+
+
+def _running_tasks(svc: Services, arrays: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(Slurm array id, task index) of the running tasks of these (job id, Slurm array id) that Slurm
+    shows as the jobs' own (one squeue call)."""
+    if not arrays:
+        return []
+    with svc.sessions() as s:
+        jobs = {j.id: j for j in s.execute(select(Job).where(Job.id.in_({j for j, _ in arrays}))).scalars()}
+    wanted = {sid: jobs[j] for j, sid in arrays if j in jobs}
+    out = []
+    for t in svc.backend.jobs(name_prefix="gb-"):  # a task is listed under its own id, not its array's
+        array_id = t.array_job_id
+        job = wanted.get(array_id) if array_id is not None else None
+        if job is None or array_id is None or t.array_task is None or t.state != AttemptState.RUNNING:
+            continue
+        if is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user):
+            out.append((array_id, t.array_task))
+        else:
+            log.error("Slurm job %s is listed in Slurm array %s of gbroker job %s of %s but Slurm shows it as "
+                      "%s's (name %r); not touching it", t.job_id, t.array_job_id, job.key, job.owner_name,
+                      t.user, t.name)
+    return sorted(out)
 
 
 def _slurm_each(action: Callable[[list[int]], None], ids: list[int]) -> list[int]:
@@ -470,8 +533,14 @@ def _plan_budgets(s: Session, svc: Services, now: datetime, plan: BudgetPlan) ->
             for job, sid in _pending_in_slurm(s, group.slurm_account):
                 if job.id not in held:
                     plan.hold.append((job.id, sid, budget.id))
+            # An array: each of its Slurm arrays with pieces waiting in the queue, once.
+            held_arrays = {(h.job_id, h.slurm_job_id) for h in open_holds}
+            for job_id, sid in _arrays_waiting(s, group.slurm_account):
+                if (job_id, sid) not in held_arrays:
+                    plan.hold.append((job_id, sid, budget.id))
         if status.exhausted and budget.cancel_running:
             plan.cancel.extend(_running_to_cancel(s, group.slurm_account))
+            plan.cancel_tasks.extend(_arrays_to_cancel(s, group.slurm_account))
     for h in open_holds:
         held_job = s.get(Job, h.job_id)
         if held_job is None or held_job.state in TERMINAL:
@@ -518,9 +587,54 @@ def _latest_attempts(s: Session, account: str, states: tuple[JobState, ...]) -> 
         .join(latest, latest.c.job_id == Job.id)
         .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.number == latest.c.n))
         .where(Job.group_name == account, Job.state.in_(list(states)))
+        .where(~exists().where(ArrayBatch.job_id == Job.id))  # an array's attempts are its pieces' ended runs
         .order_by(Job.id)
     )
     return [(j, a) for j, a in s.execute(q).all()]
+
+
+def _arrays_waiting(s: Session, account: str) -> list[tuple[int, int]]:
+    """(job id, Slurm array id) of the group's arrays, per submitted batch with pieces waiting in the queue."""
+    waiting = exists().where(ArrayPiece.job_id == ArrayBatch.job_id, ArrayPiece.batch == ArrayBatch.number,
+                             ArrayPiece.state == PieceState.PENDING)
+    q = (
+        select(ArrayBatch.job_id, ArrayBatch.slurm_array_id)
+        .join(Job, Job.id == ArrayBatch.job_id)
+        .where(Job.group_name == account, Job.state.not_in(list(TERMINAL)), ArrayBatch.slurm_array_id.is_not(None),
+               waiting)
+        .order_by(ArrayBatch.job_id, ArrayBatch.number)
+    )
+    return [(int(j), int(a)) for j, a in s.execute(q).all() if a is not None]
+
+
+def _arrays_to_cancel(s: Session, account: str) -> list[tuple[int, int]]:
+    """(job id, Slurm array id) of the group's arrays with a piece running that started after the
+    array's last budget cancel (each run is cancelled once, as a job's)."""
+    q = (
+        select(ArrayBatch.job_id, ArrayBatch.slurm_array_id, func.max(ArrayPiece.started_at))
+        .join(Job, Job.id == ArrayBatch.job_id)
+        .join(ArrayPiece, (ArrayPiece.job_id == ArrayBatch.job_id) & (ArrayPiece.batch == ArrayBatch.number))
+        .where(Job.group_name == account, Job.state.not_in(list(TERMINAL)), ArrayBatch.slurm_array_id.is_not(None),
+               ArrayPiece.state == PieceState.RUNNING)
+        .group_by(ArrayBatch.job_id, ArrayBatch.slurm_array_id)
+        .order_by(ArrayBatch.job_id, ArrayBatch.slurm_array_id)
+    )
+    rows = s.execute(q).all()
+    if not rows:
+        return []
+    told = dict(s.execute(select(Event.job_id, func.max(Event.at))
+                          .where(Event.kind == "budget_cancel", Event.job_id.in_({int(r[0]) for r in rows}))
+                          .group_by(Event.job_id)).all())
+    out = []
+    for job_id, sid, started in rows:
+        last = told.get(job_id)
+        if sid is not None and (last is None or started is None or _aware(started) > _aware(last)):
+            out.append((int(job_id), int(sid)))
+    return out
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _pending_in_slurm(s: Session, account: str) -> list[tuple[Job, int]]:
@@ -533,8 +647,6 @@ def _pending_in_slurm(s: Session, account: str) -> list[tuple[Job, int]]:
 
 
 def _running_to_cancel(s: Session, account: str) -> list[tuple[int, int]]:
-    from broker.db.models import Event
-
     out = []
     for job, att in _latest_attempts(s, account, (JobState.RUNNING,)):
         if att.slurm_job_id is None:

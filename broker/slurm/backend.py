@@ -214,6 +214,10 @@ class Backend(abc.ABC):
     def cancel(self, job_ids: Iterable[int]) -> None:
         """Cancel jobs (one call for the whole list)."""
 
+    def cancel_tasks(self, tasks: Iterable[tuple[int, int]]) -> None:
+        """Cancel tasks of job arrays, as (Slurm array id, task index), in one call."""
+        raise NotImplementedError(f"the {self.name} backend does not cancel array tasks")
+
     @abc.abstractmethod
     def hold(self, job_ids: Iterable[int]) -> None:
         """Hold pending jobs so they do not start (admin hold when run as root)."""

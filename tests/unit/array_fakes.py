@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from broker.pieces import parse_pieces
+from broker.errors import SlurmError
 from broker.slurm.backend import ArrayRow, SlurmJob, SubmitRequest
 from ledger_fakes import FakeJob, FakeRun, FakeSlurm
 
@@ -74,6 +75,33 @@ class FakeArraySlurm(FakeSlurm):
         for jid in job_ids:
             ids.extend(self.arrays[jid].values() if jid in self.arrays else [jid])
         super().cancel(ids)
+
+    def cancel_tasks(self, tasks: Iterable[tuple[int, int]]) -> None:
+        super().cancel([self.arrays[a][i] for a, i in tasks if i in self.arrays.get(a, {})])
+
+    def hold(self, job_ids: Iterable[int]) -> None:
+        """``scontrol hold ARRAY`` holds the array's waiting tasks; its running ones go on (exit 0)."""
+        plain = [j for j in job_ids if j not in self.arrays]
+        finished = []
+        for array_id in [j for j in job_ids if j in self.arrays]:
+            self._count("hold")
+            for index, raw in self.arrays[array_id].items():
+                j = self.jobs_by_id[raw]
+                if not j.done and j.current.state_raw == "PENDING":
+                    j.held = True
+                elif j.done:
+                    finished.append(f"{array_id}_{index}")
+        if plain:
+            super().hold(plain)
+        if finished:  # as Slurm 22.05: the others are held, and the exit code says an ended task was not
+            raise SlurmError("hold refused", argv=["scontrol", "hold"], returncode=1,
+                             stderr=f"{finished[0]}: Job has already finished\n")
+
+    def release(self, job_ids: Iterable[int]) -> None:
+        ids: list[int] = []
+        for jid in job_ids:
+            ids.extend(self.arrays[jid].values() if jid in self.arrays else [jid])
+        super().release(ids)
 
     def ended(self) -> list[tuple[int, int, datetime | None]]:
         return [(jid, i, r.end) for jid, i, r, _ in self.ended_runs()]
