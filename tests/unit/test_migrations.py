@@ -36,7 +36,7 @@ TABLES = {
     "quota_limits",
     # 0009: arrays
     "array_batches", "array_pieces",
-    # 0010_web_tokens: dashboard sign-in tokens
+    # 0010: dashboard sign-in tokens
     "web_tokens",
 }
 

@@ -1,6 +1,6 @@
 """Dashboard sign-in tokens.
 
-Revision ID: 0010_web_tokens
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-02
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010_web_tokens"
+revision: str = "0010"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,7 +1,7 @@
 """Arrays: an index on each piece's array, state and index.
 
-Revision ID: 0010_array_holds
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-02
 
 The reconcile tick counts an array's pieces per state, finds its waiting
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0010_array_holds"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
