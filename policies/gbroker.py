@@ -106,15 +106,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_od_k: float | None = None,
         pool_prove_changeovers: float = 3.0,
         pool_short_share: float = 0.3,
-        pool_slack_price: float = 1.0,
-        pool_value_scope: str = "all",
-        pool_value_pick: str = "value",
-        pool_prev_long: float | None = None,
-        pool_prove_after_long: float = 1.5,
-        pool_prove_after_short: float | None = None,
-        pool_pick_prev: bool = False,
-        pool_idle_wait: float | None = None,
-        pool_idle_floor: float = 2.0,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -125,15 +116,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_horizon = pool_horizon
         self.pool_prove_changeovers = pool_prove_changeovers
         self.pool_short_share = pool_short_share
-        self.pool_slack_price = pool_slack_price
-        self.pool_value_scope = pool_value_scope
-        self.pool_value_pick = pool_value_pick
-        self.pool_prev_long = pool_prev_long
-        self.pool_prove_after_long = pool_prove_after_long
-        self.pool_prove_after_short = pool_prove_after_short
-        self.pool_pick_prev = pool_pick_prev
-        self.pool_idle_wait = pool_idle_wait
-        self.pool_idle_floor = pool_idle_floor
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -180,17 +162,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
         if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
             return self._leave_ondemand(job, markets)
-        if self.pool_rule == "value" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
-            return self._leave_by_value(job, markets)
-        if self.pool_idle_wait is not None and len(markets) >= 2 and job.current is Capacity.NONE:
-            pl = super().place_pools(job, markets)
-            if pl.capacity is Capacity.ONDEMAND and job.deadline_s is not None and job.interruptible:
-                down = min((m.spot_down_s or 0) for m in markets)
-                slack = (job.time_left_s or 0) - job.work_left_s - job.changeover_s - markets[0].step_s
-                if 0 < down < self.pool_idle_wait * job.changeover_s and slack >= self.pool_idle_floor * job.changeover_s \
-                        and not pl.reason.startswith("safety"):
-                    return PoolPlacement(Capacity.NONE, None, "every pool just went out: wait a moment", 1)
-            return pl
         if (
             self.pool_rule != "choosy"
             or len(markets) < 2
@@ -245,88 +216,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
             return super().place_pools(job, markets)
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
-        if self.pool_prev_long is not None:
-            return self._leave_by_previous(job, markets, up, best, prove)
         age = markets[best].spot_up_s or 0
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
-
-    def _leave_by_previous(self, job: JobView, markets: Sequence[MarketView], up: list[int], best: int,
-                           prove: int) -> PoolPlacement:
-        """The proof depends on the pool's previous window: after a long one
-        (>= ``pool_prev_long`` changeovers) a shorter proof, after a short one
-        (or none observed) the full one."""
-        d = job.changeover_s
-        assert self.pool_prev_long is not None
-        long_s = self.pool_prev_long * d
-
-        def proof(j: int) -> int:
-            ws = markets[j].spot_windows_s
-            if ws and ws[-1] >= long_s:
-                return int(self.pool_prove_after_long * d)
-            if self.pool_prove_after_short is not None:
-                return int(self.pool_prove_after_short * d)
-            return prove
-
-        if not self._proof_needed(job, markets, markets[best], prove):
-            if self.pool_pick_prev:
-                best = max(up, key=lambda j: ((markets[j].spot_up_s or 0) - proof(j), -j))
-            return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
-        ok = [j for j in up if (markets[j].spot_up_s or 0) >= proof(j)]
-        if not ok:
-            return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
-        pick = max(ok, key=lambda j: ((markets[j].spot_up_s or 0) - proof(j), -j))
-        return PoolPlacement(Capacity.SPOT, pick, "spot window proven for its pool: spot")
-
-    def _leave_by_value(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
-        k = self.choose_pool(job, markets)
-        first = self._settled_first(job, markets[k])
-        up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
-        if isinstance(first, Placement) or not up:
-            return super().place_pools(job, markets)
-        allw = [x for m in markets for x in m.spot_windows_s]
-        if len(allw) < MIN_WINDOWS:
-            return self._leave_ondemand(job, markets)
-        slack_price = 0
-        if self._round_trips_scarce(job, markets[k]):
-            slack_price = int(self.pool_slack_price * (markets[k].ondemand_price_micros - markets[k].spot_price_micros))
-        best, best_v, go = None, 0, False
-        for j in up:
-            m = markets[j]
-            ws = m.spot_windows_s if self.pool_value_scope == "own" and len(m.spot_windows_s) >= MIN_WINDOWS else allw
-            age = m.spot_up_s or 0
-            now_v, later_v = self._stop_values(job, m, ws, age, slack_price)
-            if self.pool_value_pick == "age":
-                key = age
-            else:
-                key = now_v
-            if best is None or key > best_v:
-                best, best_v, go = j, key, now_v > 0 and now_v >= later_v
-        if best is None or not go:
-            return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window worth a round trip yet")
-        return PoolPlacement(Capacity.SPOT, best, "spot window worth a round trip: spot")
-
-    def _stop_values(self, job: JobView, m: MarketView, ws: Sequence[int], age: int, slack_price: int) -> tuple[int, int]:
-        """Expected saving (summed over the observed windows longer than the age)
-        of leaving on-demand now, and the best of leaving at a later age."""
-        d = job.changeover_s
-        o, s = m.ondemand_price_micros, m.spot_price_micros
-        cap = job.work_left_s + d
-        cost = 2 * o * d + 2 * d * slack_price
-
-        def v(a: int) -> int:
-            tot = 0
-            for L in ws:
-                if L > a:
-                    r = min(L - a, cap)
-                    tot += (o - s) * r - cost
-            return tot
-
-        now = v(age)
-        step = max(1, d // 2)
-        later = max(v(age + i * step) for i in range(1, 13))
-        return now, later
 
     def _proof_needed(self, job: JobView, markets: Sequence[MarketView], market: MarketView, prove: int) -> bool:
         if self._round_trips_scarce(job, market):
