@@ -106,7 +106,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_od_k: float | None = None,
         pool_prove_changeovers: float = 3.0,
         pool_short_share: float = 0.3,
-        pool_decay: float = 0.8,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -117,7 +116,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_horizon = pool_horizon
         self.pool_prove_changeovers = pool_prove_changeovers
         self.pool_short_share = pool_short_share
-        self.pool_decay = pool_decay
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -216,7 +214,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
         if isinstance(first, Placement) or not up:
             return super().place_pools(job, markets)
-        best = max(up, key=lambda j: (self._pool_key(job, markets[j]), -markets[j].spot_reclaim_rate_per_hour, -j))
+        best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
@@ -250,7 +248,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         or with the highest uptime share times mean observed window length
         (``"value"``, the ADRS "availability-aware expected value" ranking),
         then the cheapest."""
-        if self.pool_choice not in ("age", "value", "residual"):
+        if self.pool_choice not in ("age", "value"):
             return super().choose_pool(job, markets)
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if job.current is Capacity.SPOT and job.pool in up:
@@ -258,27 +256,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         if up and self.pool_choice == "value":
             return max(up, key=lambda k: (self._window_value(markets[k]), -k))
         if up:
-            return min(up, key=lambda k: (-self._pool_key(job, markets[k]), markets[k].spot_price_micros, k))
+            return min(up, key=lambda k: (-(markets[k].spot_up_s or 0), markets[k].spot_price_micros, k))
         return super().choose_pool(job, markets)
-
-    def _pool_key(self, job: JobView, market: MarketView) -> float:
-        age = market.spot_up_s or 0
-        if self.pool_choice != "residual":
-            return age
-        ws = market.spot_windows_s
-        cap = job.work_left_s + job.changeover_s
-        num = den = 0.0
-        w = 1.0
-        n = 0
-        for L in reversed(ws):
-            if L > age:
-                num += w * min(L - age, cap)
-                den += w
-                n += 1
-            w *= self.pool_decay
-        if n < 4:
-            return float(age)
-        return num / den
 
     @staticmethod
     def _window_value(market: MarketView) -> float:
