@@ -39,7 +39,13 @@ observed windows were shorter than the proof, only once that window has
 lasted ``pool_prove_changeovers`` (3) changeovers: the proof is spent on
 on-demand, so it costs money but no slack. Chosen on half A of the pool sets
 and checked on the held-out half B (docs/SIMULATOR.md, "Leaving on-demand
-over several pools"). ``pool_rule="follow"`` is the single-pool rule on the
+over several pools"). A job waiting with every pool out, where at least
+``pool_old_short_share`` (60 %) of the observed windows were shorter than
+that proof, goes to on-demand once the slack is under ``pool_old_ratio``
+(20 %) of the work left when the outage has lasted ``pool_old_changeovers``
+(2) changeovers (12 % before that, and in markets of longer windows): spot
+that comes back in short windows is worth less waiting for
+(``pool_old_ratio=None``: off). ``pool_rule="follow"`` is the single-pool rule on the
 chosen pool; ``pool_rule="choosy"`` (off; measured worse) instead ranks the
 pools by the observed chance that the current window lasts ``pool_horizon``
 changeovers more, waits for a likelier window while the slack is above
