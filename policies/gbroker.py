@@ -39,7 +39,13 @@ observed windows were shorter than the proof, only once that window has
 lasted ``pool_prove_changeovers`` (3) changeovers: the proof is spent on
 on-demand, so it costs money but no slack. Chosen on half A of the pool sets
 and checked on the held-out half B (docs/SIMULATOR.md, "Leaving on-demand
-over several pools"). ``pool_rule="follow"`` is the single-pool rule on the
+over several pools"). A job waiting with every pool out, where at least
+``pool_old_short_share`` (60 %) of the observed windows were shorter than
+that proof, goes to on-demand once the slack is under ``pool_old_ratio``
+(20 %) of the work left when the outage has lasted ``pool_old_changeovers``
+(2) changeovers (12 % before that, and in markets of longer windows): spot
+that comes back in short windows is worth less waiting for
+(``pool_old_ratio=None``: off). ``pool_rule="follow"`` is the single-pool rule on the
 chosen pool; ``pool_rule="choosy"`` (off; measured worse) instead ranks the
 pools by the observed chance that the current window lasts ``pool_horizon``
 changeovers more, waits for a likelier window while the slack is above
@@ -106,6 +112,9 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_od_k: float | None = None,
         pool_prove_changeovers: float = 3.0,
         pool_short_share: float = 0.3,
+        pool_old_ratio: float | None = 0.2,
+        pool_old_changeovers: float = 2.0,
+        pool_old_short_share: float = 0.6,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -116,6 +125,9 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_horizon = pool_horizon
         self.pool_prove_changeovers = pool_prove_changeovers
         self.pool_short_share = pool_short_share
+        self.pool_old_ratio = None if pool_old_ratio is None else share(pool_old_ratio)
+        self.pool_old_changeovers = pool_old_changeovers
+        self.pool_old_short_share = pool_old_short_share
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -162,6 +174,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
         if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
             return self._leave_ondemand(job, markets)
+        if self.pool_old_ratio is not None and len(markets) >= 2 and job.current is Capacity.NONE:
+            waited = self._outage_of_every_pool(job, markets)
+            if waited is not None:
+                return waited
         if (
             self.pool_rule != "choosy"
             or len(markets) < 2
@@ -220,6 +236,41 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
+
+    def _outage_of_every_pool(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
+        """Waiting with every pool out, where most observed windows are short.
+
+        When at least ``pool_old_short_share`` (60 %) of the windows observed
+        in all pools (8 or more) were shorter than the proof
+        (``pool_prove_changeovers``), spot returns mostly in windows too short
+        to pay for their changeover, so an outage of every pool that has
+        lasted ``pool_old_changeovers`` (2) changeovers is worth less waiting:
+        on-demand once the slack left is under ``pool_old_ratio`` (20 %) of
+        the work left instead of the usual 12 %. A younger outage, or a
+        market of long windows: None (the usual rule).
+        """
+        assert self.pool_old_ratio is not None
+        if any(spot_usable(job, m) for m in markets) or any(m.spot_down_s is None for m in markets):
+            return None
+        first = self._settled_first(job, markets[self.choose_pool(job, markets)])
+        if isinstance(first, Placement):
+            return None
+        ws = [x for m in markets for x in m.spot_windows_s]
+        proof = self.pool_prove_changeovers * job.changeover_s
+        if len(ws) < MIN_WINDOWS or sum(x < proof for x in ws) < self.pool_old_short_share * len(ws):
+            return None
+        _, net = first
+        down = min(m.spot_down_s or 0 for m in markets)
+        old_s = int(self.pool_old_changeovers * job.changeover_s)
+        ratio = self.pool_old_ratio if down >= old_s else self.od_ratio
+        form = slack_share_form(job, ratio)
+        if form[0] < 0:
+            p = placed(Capacity.ONDEMAND, "every pool out for a while, windows mostly short: "
+                       "slack under its share of the work left", [net, form])
+            return PoolPlacement(Capacity.ONDEMAND, None, p.reason, p.recheck_s)
+        p = placed(Capacity.NONE, "every pool out: slack to spare, wait", [net, form])
+        recheck = p.recheck_s if down >= old_s else max(1, min(p.recheck_s or NEVER_CHANGES_S, old_s - down))
+        return PoolPlacement(Capacity.NONE, None, p.reason, recheck)
 
     def _proof_needed(self, job: JobView, markets: Sequence[MarketView], market: MarketView, prove: int) -> bool:
         if self._round_trips_scarce(job, market):

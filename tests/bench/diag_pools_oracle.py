@@ -10,6 +10,14 @@ of best-pool Uniform Progress's gap on the same samples) on the tuning half
 (A), the held-out half (B) or all of ``bench_pools.py``, d = 0.2 h, seed 1.
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py [--half A|B|all] [--x 2] [--xo 3] [--base NAME]
+
+``--windows`` prints instead what the past says about a window's length, per
+pool set (all its pools' windows, whole traces): the share of the windows
+that, having reached an age of 0, 1 or 2 changeovers (12 min), lasted 3
+changeovers more, overall and split by the length of the pool's previous
+window and of the outage just before (longer or not than their median):
+
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py --windows
 """
 
 from __future__ import annotations
@@ -28,6 +36,35 @@ from broker.sim.single import policy_of  # noqa: E402
 from policies.base import Capacity, PoolPlacement  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
 
+def window_predictors(d: int = 720) -> None:
+    """The share of windows of age a that last 3 d more, by the previous window and outage."""
+    print("| pool set | N | half | age | windows | last 3 d more | prev. window long / short | prev. outage long / short |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, nodes, traces in pool_sets():
+        rows: list[tuple[int, int, int]] = []  # (outage before, window before, window)
+        for t in align(traces):
+            runs: list[tuple[bool, int]] = []
+            for c in t.counts:
+                a = c >= nodes
+                if runs and runs[-1][0] == a:
+                    runs[-1] = (a, runs[-1][1] + t.gap_s)
+                else:
+                    runs.append((a, t.gap_s))
+            rows += [(runs[i - 1][1], runs[i - 2][1], runs[i][1])
+                     for i in range(2, len(runs) - 1) if runs[i][0]]  # the last run may be cut
+        for age in (0, d, 2 * d):
+            rs = [r for r in rows if r[2] > age]
+
+            def p(xs: list[tuple[int, int, int]], age: int = age) -> str:
+                return f"{sum(r[2] >= age + 3 * d for r in xs) / len(xs):.2f}" if xs else "-"
+
+            mo = sorted(r[0] for r in rs)[len(rs) // 2]
+            mw = sorted(r[1] for r in rs)[len(rs) // 2]
+            print(f"| {label} | {nodes} | {half_of(label)} | {age // d} d | {len(rs)} | {p(rs)} | "
+                  f"{p([r for r in rs if r[1] > mw])} / {p([r for r in rs if r[1] <= mw])} (median {mw // 60} min) | "
+                  f"{p([r for r in rs if r[0] > mo])} / {p([r for r in rs if r[0] <= mo])} (median {mo // 60} min) |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--x", type=float, default=2)
@@ -37,7 +74,11 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--base", default="gbroker", help="the policy the oracle falls back on (and is compared with)")
+    ap.add_argument("--windows", action="store_true", help="print the window-length predictors and stop")
     a = ap.parse_args()
+    if a.windows:
+        window_predictors()
+        return
     base = policy_of(a.base)
 
     class Oracle:

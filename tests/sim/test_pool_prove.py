@@ -76,3 +76,58 @@ def test_the_rule_leaves_other_states_and_the_safety_net_alone() -> None:
     # one pool: the single-pool rule, unchanged
     one = p.place_pools(on_ondemand(slack_s=2 * 3600), [market(1 * D)])
     assert one.capacity is p.place(on_ondemand(slack_s=2 * 3600), market(1 * D)).capacity
+
+
+def out(down_s: int | None, windows: tuple[int, ...]) -> MarketView:
+    """A pool with no spot now, out for ``down_s`` seconds."""
+    return MarketView(spot_available=0, step_s=60, spot_reclaim_rate_per_hour=1.0, spot_uptime_fraction=0.4,
+                      lookback_s=WEEK, spot_up_s=None if down_s is None else 0, spot_down_s=down_s,
+                      spot_windows_s=windows)
+
+
+def waiting(slack_share: float, work_left_s: int = 20 * 3600) -> JobView:
+    """A job waiting for spot whose slack left is ``slack_share`` of its work left."""
+    work = 40 * 3600
+    slack = int(slack_share * work_left_s)
+    return JobView(work_s=work, done_s=work - work_left_s, elapsed_s=10 * 3600,
+                   deadline_s=10 * 3600 + work_left_s + D + slack, changeover_s=D, current=Capacity.NONE, pool=0)
+
+
+SHORT = tuple([D] * 7 + [10 * D] * 3)  # 70 % of the windows shorter than the 3-changeover proof
+LONG = tuple([D] * 3 + [10 * D] * 7)  # 30 %
+
+
+def test_an_old_outage_of_every_pool_with_short_windows_goes_to_on_demand_sooner() -> None:
+    p = policy()
+    job = waiting(slack_share=0.15)  # above the usual 12 %, under the 20 % for an old outage
+    pl = p.place_pools(job, [out(2 * D, SHORT), out(3 * D, SHORT)])
+    assert pl.capacity is Capacity.ONDEMAND and pl.pool is None
+    # the rule before: wait while the slack is above 12 % of the work left
+    pl = policy(pool_old_ratio=None).place_pools(job, [out(2 * D, SHORT), out(3 * D, SHORT)])
+    assert pl.capacity is Capacity.NONE
+    # more slack than 20 % of the work left: wait, however old the outage
+    pl = p.place_pools(waiting(slack_share=0.25), [out(2 * D, SHORT), out(3 * D, SHORT)])
+    assert pl.capacity is Capacity.NONE
+
+
+def test_a_young_outage_waits_and_asks_again_when_it_turns_old() -> None:
+    p = policy()
+    job = waiting(slack_share=0.15)
+    # the outage of every pool began when the later pool went out: D ago
+    pl = p.place_pools(job, [out(D, SHORT), out(5 * D, SHORT)])
+    assert pl.capacity is Capacity.NONE
+    assert pl.recheck_s is not None and 1 <= pl.recheck_s <= D
+    # the same outage once it has lasted 2 changeovers
+    assert p.place_pools(job, [out(2 * D, SHORT), out(6 * D, SHORT)]).capacity is Capacity.ONDEMAND
+
+
+def test_long_windows_or_no_outage_tracking_keep_the_usual_share() -> None:
+    p = policy()
+    job = waiting(slack_share=0.15)
+    assert p.place_pools(job, [out(4 * D, LONG), out(4 * D, LONG)]).capacity is Capacity.NONE
+    # fewer than 8 windows observed
+    assert p.place_pools(job, [out(4 * D, SHORT[:3]), out(4 * D, SHORT[:3])]).capacity is Capacity.NONE
+    # the outage's age is not tracked
+    assert p.place_pools(job, [out(None, SHORT), out(None, SHORT)]).capacity is Capacity.NONE
+    # under 12 %: on-demand either way
+    assert p.place_pools(waiting(slack_share=0.08), [out(D, LONG), out(D, LONG)]).capacity is Capacity.ONDEMAND
