@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from broker.tables import table
+
+if TYPE_CHECKING:
+    from broker.cli.main import Context
+    from broker.client import Client
+
+
+def client_of(ctx: Context) -> Client:
+    """The typed client (``broker.client.Client``) on the command's socket, one per command."""
+    from broker.client import Client
+
+    client = getattr(ctx, "_typed_client", None)
+    if client is None:
+        client = Client(ctx.socket)
+        ctx._typed_client = client  # type: ignore[attr-defined]
+    return client
 
 
 def print_json(data: Any) -> None:
