@@ -124,6 +124,64 @@ def run(
     its working directory is then ``/`` unless ``cwd`` says otherwise.
     Raises CommandNotRunnable when the program cannot be started.
     """
+    started = start(argv, env=env, timeout_s=timeout_s, user=user, max_output=max_output, cwd=cwd,
+                    stdin=input is not None)
+    return started.finish(input)
+
+
+class Started:
+    """A child that runs and waits for its input (``start``): ``finish`` gives it its input and
+    collects what it did; ``abort`` kills it before it got any."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], args: list[str], started_at: float, deadline: float,
+                 max_output: int) -> None:
+        self.proc, self.argv, self.started_at = proc, args, started_at
+        self.deadline, self.max_output = deadline, max_output
+        self.done = False
+
+    def finish(self, input: bytes | None = None) -> Result:
+        """Write ``input`` (then end it), read the output to its end or the deadline, reap the child."""
+        if self.done:
+            raise RuntimeError("this child has finished already")
+        self.done = True
+        proc, args = self.proc, self.argv
+        stdout, stderr, truncated, timed_out = _pump(proc, input, self.deadline, self.max_output)
+        if timed_out or truncated:
+            _kill_session(proc)
+        code = proc.wait()
+        if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in stderr.split(b"\n", 1)[0]:
+            why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
+            raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
+        return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - self.started_at,
+                      truncated)
+
+    def abort(self) -> None:
+        """Kill the child (and its session) before it was given its input; reap it."""
+        if self.done:
+            return
+        self.done = True
+        _kill_session(self.proc)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        self.proc.wait()
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    user: Identity | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    cwd: str | None = None,
+    stdin: bool = True,
+) -> Started:
+    """Start ``argv`` as ``run`` does, and return at once: the child starts up while the caller
+    works, and blocks reading its input (``stdin``) until ``Started.finish`` writes it.
+
+    The deadline counts from now. Raises CommandNotRunnable when the program cannot be started.
+    """
     args = [str(a) for a in argv]
     if not args or any("\0" in a for a in args):
         raise ValueError("argv must be a non-empty list without NUL bytes")
@@ -144,11 +202,11 @@ def run(
             # only root may enter.
             args = [ENV_PROGRAM, f"--chdir={cwd}", "--", *args]
         cwd = "/"
-    start = time.monotonic()
+    begin = time.monotonic()
     try:
         proc = subprocess.Popen(
             args,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=dict(env),
@@ -172,14 +230,7 @@ def run(
                                      os_error=str(exc),
                                      hint="check its permissions and the configured path") from None
         raise
-    stdout, stderr, truncated, timed_out = _pump(proc, input, start + timeout_s, max_output)
-    if timed_out or truncated:
-        _kill_session(proc)
-    code = proc.wait()
-    if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in stderr.split(b"\n", 1)[0]:
-        why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
-        raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
-    return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - start, truncated)
+    return Started(proc, args, begin, begin + timeout_s, max_output)
 
 
 def _pump(
