@@ -10,7 +10,8 @@ Every child gets:
   and the child killed, so a hostile or runaway program cannot fill the
   daemon's memory;
 * optionally another identity: with ``user`` it runs as that Unix user, with
-  the user's groups, from ``/`` (only root may ask). This is how the root
+  the user's groups, from ``/`` (only root may ask), through setpriv(1), so the
+  daemon is not forked whole for it. This is how the root
   daemon does what must be done as a user (principle 10): submit the user's
   job, look at the user's files.
 
@@ -42,6 +43,12 @@ ENV_PROGRAM = "/usr/bin/env"
 """coreutils env(1), which enters a directory (--chdir) after the identity changed."""
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH for children that need one; never a user's."""
+SETPRIV_PROGRAM = "/usr/bin/setpriv"
+"""util-linux setpriv(1), which takes on a user's identity (real, effective and saved ids, the
+groups; no capabilities left) and then executes the program. Through it the daemon starts a
+child with vfork (Python forks the whole daemon when Popen itself must change the identity:
+tens of milliseconds for a large, threaded process, and all of it under the daemon's lock-free
+but CPU-bound load)."""
 
 
 class CommandNotRunnable(BrokerError):
@@ -134,9 +141,11 @@ class Started:
     collects what it did; ``abort`` kills it before it got any."""
 
     def __init__(self, proc: subprocess.Popen[bytes], args: list[str], started_at: float, deadline: float,
-                 max_output: int) -> None:
+                 max_output: int, program: list[str] | None = None) -> None:
         self.proc, self.argv, self.started_at = proc, args, started_at
         self.deadline, self.max_output = deadline, max_output
+        self.program = program or args
+        """``argv`` without the identity switch in front (what the caller asked to run)."""
         self.done = False
 
     def finish(self, input: bytes | None = None) -> Result:
@@ -144,12 +153,27 @@ class Started:
         if self.done:
             raise RuntimeError("this child has finished already")
         self.done = True
-        proc, args = self.proc, self.argv
+        proc, args = self.proc, self.program
         stdout, stderr, truncated, timed_out = _pump(proc, input, self.deadline, self.max_output)
         if timed_out or truncated:
             _kill_session(proc)
         code = proc.wait()
-        if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in stderr.split(b"\n", 1)[0]:
+        first = stderr.split(b"\n", 1)[0]
+        if self.argv[0] == SETPRIV_PROGRAM and code in (126, 127) and first.startswith(b"setpriv: "):
+            # setpriv could not take on the identity (127) or not execute the program (126, 127)
+            why = first.decode("utf-8", "replace").removeprefix("setpriv: ")
+            if "failed to execute" not in why:
+                raise PermissionDenied(f"cannot run {os.path.basename(args[0])} as another user: {why}",
+                                       hint="the gbroker daemon must run as root")
+            if args[0] == ENV_PROGRAM:
+                raise CommandNotRunnable(f"program {ENV_PROGRAM!r} not found", args, os_error=why,
+                                         hint="install coreutils")
+            denied = code == 126
+            raise CommandNotRunnable(f"program {args[0]!r} " + ("may not be executed" if denied else "not found"),
+                                     args, denied=denied, os_error=why,
+                                     hint="check its permissions and the configured path" if denied
+                                     else "install it, or fix the configured path")
+        if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in first:
             why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
             raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
         return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - self.started_at,
@@ -188,6 +212,7 @@ def start(
     uid: int | None = None
     gid: int | None = None
     groups: list[int] | None = None
+    switch: list[str] = []
     if user is not None:
         if os.geteuid() != user.uid:
             if os.geteuid() != 0:
@@ -195,13 +220,20 @@ def start(
                     f"cannot run {os.path.basename(args[0])} as {user.name!r}: this process is not root",
                     hint="run the gbroker daemon as root, or act as yourself",
                 )
-            uid, gid, groups = user.uid, user.gid, list(user.groups)
+            if os.path.exists(SETPRIV_PROGRAM):
+                group_list = ",".join(str(g) for g in user.groups)
+                switch = [SETPRIV_PROGRAM, f"--reuid={user.uid}", f"--regid={user.gid}",
+                          f"--groups={group_list}" if group_list else "--clear-groups", "--"]
+            else:
+                uid, gid, groups = user.uid, user.gid, list(user.groups)
         if cwd not in (None, "/"):
             # Enter the directory as the user, not as root: Popen's cwd is entered
             # before the identity changes, which would let a user name a directory
             # only root may enter.
             args = [ENV_PROGRAM, f"--chdir={cwd}", "--", *args]
         cwd = "/"
+    program = args
+    args = [*switch, *args]
     begin = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -230,7 +262,7 @@ def start(
                                      os_error=str(exc),
                                      hint="check its permissions and the configured path") from None
         raise
-    return Started(proc, args, begin, begin + timeout_s, max_output)
+    return Started(proc, args, begin, begin + timeout_s, max_output, program)
 
 
 def _pump(

@@ -110,13 +110,17 @@ def bench_ticks(n: int) -> dict[str, float]:
 
 
 # -- part 1: submit latency -----------------------------------------------------
-def _median_wall(argv: list[str], env: dict[str, str], runs: int, cwd: str) -> float:
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
-        walls.append(time.perf_counter() - t0)
-    return statistics.median(walls)
+def _median_walls(commands: dict[str, list[str]], env: dict[str, str], runs: int, cwd: str) -> dict[str, float]:
+    """Median wall time of each command, run in turns (one of each per round, after one warm-up
+    round), so a change in the machine's load falls on all of them alike."""
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    for round_ in range(runs + 1):
+        for name, argv in commands.items():
+            t0 = time.perf_counter()
+            subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
+            if round_:
+                walls[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(w) for name, w in walls.items()}
 
 
 def bench_submit(runs: int) -> dict[str, float]:
@@ -131,6 +135,9 @@ def bench_submit(runs: int) -> dict[str, float]:
     env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
                GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"),
                GBROKER_TICK_SECONDS="5")
+    # Measure the program as installed: with its compiled modules (a PYTHONDONTWRITEBYTECODE
+    # environment would compile every module of every run, gbroker's and click's alike).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     sock = str(work / "sock")
     daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level", "WARNING"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -146,13 +153,13 @@ def bench_submit(runs: int) -> dict[str, float]:
               "--", "sleep", "1"]
         click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
         status = [sys.executable, "-m", "broker", "--socket", sock, "status"]
-        results = {
-            "python -c 'import click'": _median_wall([sys.executable, "-c", "import click"], env, runs, str(work)),
-            "gbroker status": _median_wall(status, env, runs, str(work)),
-            "sbatch": _median_wall(sbatch, env, runs, str(work)),
-            "python+click+sbatch": _median_wall(click_then_sbatch, env, runs, str(work)),
-            "gbroker submit": _median_wall(gb, env, runs, str(work)),
-        }
+        results = _median_walls({
+            "python -c 'import click'": [sys.executable, "-c", "import click"],
+            "gbroker status": status,
+            "sbatch": sbatch,
+            "python+click+sbatch": click_then_sbatch,
+            "gbroker submit": gb,
+        }, env, runs, str(work))
     finally:
         daemon.terminate()
         daemon.wait(30)
