@@ -27,6 +27,7 @@ import _socket  # the C module: socket.py's enum set-up costs the CLI millisecon
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from broker.errors import BrokerError, DaemonUnavailable, SpecError
@@ -427,10 +428,13 @@ class Client:
     """
 
     def __init__(self, socket_path: str | None = None, *, config_path: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS, transport: Callable[..., Any] | None = None) -> None:
         self._socket = socket_path
         self.config_path = config_path
         self.timeout = timeout
+        self._transport = transport
+        """``transport(op, repeatable=..., **args)`` instead of ``call`` on the socket (the CLI
+        passes its own, which knows the socket from its flags and the config file)."""
 
     @property
     def socket_path(self) -> str:
@@ -444,6 +448,8 @@ class Client:
 
     def call(self, op: str, *, repeatable: bool = False, **args: Any) -> Any:
         """Any operation by name, its plain answer (``repeatable``: safe to send again when the answer is lost)."""
+        if self._transport is not None:
+            return self._transport(op, repeatable=repeatable, **args)
         return call(self.socket_path, op, self.timeout, repeatable=repeatable, **args)
 
     # -- jobs -----------------------------------------------------------------------------

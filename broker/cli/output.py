@@ -16,14 +16,10 @@ if TYPE_CHECKING:
 
 
 def client_of(ctx: Context) -> Client:
-    """The typed client (``broker.client.Client``) on the command's socket, one per command."""
+    """The typed client (``broker.client.Client``) over the command's ``Context.call``."""
     from broker.client import Client
 
-    client = getattr(ctx, "_typed_client", None)
-    if client is None:
-        client = Client(ctx.socket)
-        ctx._typed_client = client  # type: ignore[attr-defined]
-    return client
+    return Client(transport=ctx.call)
 
 
 def print_json(data: Any) -> None:

@@ -155,3 +155,29 @@ def test_attempt_lines_follow_the_start_lines() -> None:
 
 def test_ended_is_the_terminal_states() -> None:
     assert ENDED == {s.value for s in TERMINAL}
+
+
+def test_the_cli_goes_through_the_client_and_prints_the_daemons_json(daemon: tuple[World, Client],
+                                                                    tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+
+    _, client = daemon
+
+    def gb(*args: str) -> str:
+        out = CliRunner().invoke(cli, ["--socket", client.socket_path, *args], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    submitted = json.loads(gb("submit", "--json", "--group", "vision", "--time", "10m", "--", "sleep", "5"))
+    job = client.show(submitted["id"])
+    assert json.loads(gb("show", "--json", str(job.id))) == client.show(job.id).raw
+    assert [j["id"] for j in json.loads(gb("status", "--json"))] == [job.id]
+    shown = gb("show", str(job.id))
+    assert f"Job {job.id}" in shown and "ATTEMPT" in shown and job.attempts[0].state in shown
+    assert gb("cancel", str(job.id)).strip() == f"Job {job.id}: cancelled"
+    assert "No active jobs" in gb("status")
