@@ -13,6 +13,7 @@
 Run (as root, dev cluster up for part 1):
     python tests/bench/bench_broker.py            # both parts
     python tests/bench/bench_broker.py --ticks-only
+    python tests/bench/bench_broker.py --submit-only
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--ticks-only", action="store_true")
+    ap.add_argument("--submit-only", action="store_true", help="Part 1 only.")
     args = ap.parse_args()
     if not args.ticks_only:
         sub = bench_submit(args.runs)
@@ -188,6 +190,9 @@ def main() -> None:
         for name, wall in sub.items():
             print(f"  {name:<22} {wall * 1000:8.1f} ms   x{wall / base:5.2f}")
         print(f"  gbroker over python+click+sbatch: x{sub['gbroker submit'] / sub['python+click+sbatch']:.2f}")
+        print(f"  load average {os.getloadavg()[0]:.2f} (1 min; {os.cpu_count()} CPUs)")
+        if args.submit_only:
+            return
     print("reconcile tick (SQLite, recorded squeue answer):")
     rows = {n: bench_ticks(n) for n in (100, 10_000)}
     for n, r in rows.items():
