@@ -181,3 +181,15 @@ def test_the_cli_goes_through_the_client_and_prints_the_daemons_json(daemon: tup
     assert f"Job {job.id}" in shown and "ATTEMPT" in shown and job.attempts[0].state in shown
     assert gb("cancel", str(job.id)).strip() == f"Job {job.id}: cancelled"
     assert "No active jobs" in gb("status")
+
+
+def test_records_are_read_only_and_compare_without_their_raw_answer() -> None:
+    a = Cancelled(id=1, state="cancelled", raw={"id": 1})
+    assert a == Cancelled(id=1, state="cancelled", raw={}) != Cancelled(id=2, state="cancelled", raw={})
+    assert repr(a) == "Cancelled(id=1, state='cancelled')"
+    with pytest.raises(AttributeError, match="read-only"):
+        a.state = "running"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field colour"):
+        Cancelled(id=1, state="x", raw={}, colour="red")
+    with pytest.raises(TypeError, match="state is missing"):
+        Cancelled(id=1, raw={})
