@@ -140,10 +140,10 @@ class Started:
     """A child that runs and waits for its input (``start``): ``finish`` gives it its input and
     collects what it did; ``abort`` kills it before it got any."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], args: list[str], started_at: float, deadline: float,
+    def __init__(self, proc: subprocess.Popen[bytes], args: list[str], started_at: float, timeout_s: float,
                  max_output: int, program: list[str] | None = None) -> None:
         self.proc, self.argv, self.started_at = proc, args, started_at
-        self.deadline, self.max_output = deadline, max_output
+        self.timeout_s, self.max_output = timeout_s, max_output
         self.program = program or args
         """``argv`` without the identity switch in front (what the caller asked to run)."""
         self.done = False
@@ -154,7 +154,9 @@ class Started:
             raise RuntimeError("this child has finished already")
         self.done = True
         proc, args = self.proc, self.program
-        stdout, stderr, truncated, timed_out = _pump(proc, input, self.deadline, self.max_output)
+        # The deadline counts from here: the time the child waited for its input is the caller's.
+        stdout, stderr, truncated, timed_out = _pump(proc, input, time.monotonic() + self.timeout_s,
+                                                     self.max_output)
         if timed_out or truncated:
             _kill_session(proc)
         code = proc.wait()
@@ -204,7 +206,8 @@ def start(
     """Start ``argv`` as ``run`` does, and return at once: the child starts up while the caller
     works, and blocks reading its input (``stdin``) until ``Started.finish`` writes it.
 
-    The deadline counts from now. Raises CommandNotRunnable when the program cannot be started.
+    The deadline (``timeout_s``) counts from ``finish``. Raises CommandNotRunnable when the
+    program cannot be started.
     """
     args = [str(a) for a in argv]
     if not args or any("\0" in a for a in args):
@@ -262,7 +265,7 @@ def start(
                                      os_error=str(exc),
                                      hint="check its permissions and the configured path") from None
         raise
-    return Started(proc, args, begin, begin + timeout_s, max_output, program)
+    return Started(proc, args, begin, timeout_s, max_output, program)
 
 
 def _pump(

@@ -186,7 +186,7 @@ class StartedSubmit(abc.ABC):
 
     @abc.abstractmethod
     def abort(self) -> None:
-        """End it without a script: nothing is queued."""
+        """End it without a script: nothing is queued. Nothing happens once it finished or was aborted."""
 
 
 class Backend(abc.ABC):
