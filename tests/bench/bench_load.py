@@ -115,8 +115,7 @@ def main() -> None:
     sock = str(work / "sock")
     scontrol = ["scontrol", "update", f"PartitionName={PARTITION}"]
     subprocess.run([*scontrol, "State=DOWN"], env=env, check=True)
-    daemon = subprocess.Popen([sys.executable, *(os.environ.get("GBROKER_BENCH_DAEMON") or "-m broker").split(),
-                               "--socket", sock, "daemon", "--log-level",
+    daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level",
                                "INFO" if args.keep else "WARNING"],
                               env=env, stdout=subprocess.DEVNULL, stderr=open(work / "daemon.log", "w"))
     procs: list[subprocess.Popen[str]] = []
