@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from broker.errors import NotFound, SlurmError, SpecError
+from broker.errors import BrokerError, SlurmError, SpecError
 from broker.slurm import arrays, parse
 from broker.slurm.arrays import array_option
 from broker.slurm.backend import (
@@ -193,11 +193,11 @@ class CliBackend(Backend):
         runner = self.runner
         if not isinstance(runner, Runner) or type(runner).run is not Runner.run:
             return None  # a test's runner (or one that wraps run): submit as usual
-        argv = self.sbatch_argv(req)
         try:
+            argv = self.sbatch_argv(req)
             running = runner.start(argv, timeout_s=self.submit_timeout_s, env=self.submit_env(req), user=req.user,
                                    cwd=req.workdir if req.user is not None else None)
-        except (SlurmError, NotFound):
+        except BrokerError:
             return None  # submit() says why, the usual way
         return _StartedSbatch(argv, running)
 
