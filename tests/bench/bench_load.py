@@ -37,7 +37,7 @@ sys.path.insert(0, sys.argv[1])
 from broker.client import Client
 sock, n, start_at, workdir = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 client = Client(sock)
-spec = {"group": "vision", "time_limit": "5m", "partition": %(partition)r, "name": "load",
+spec = {"group": "vision", "time_limit": "5m", "partition": sys.argv[6], "name": "load",
         "command": ["true"], "workdir": workdir}
 while time.time() < start_at:
     time.sleep(0.001)
@@ -47,7 +47,7 @@ for _ in range(n):
     client.submit(spec)
     out.append(time.perf_counter() - t)
 print(json.dumps({"lat": out, "end": time.time()}))
-""" % {"partition": PARTITION}
+"""
 
 STATUS = r"""
 import json, os, sys, time
@@ -134,7 +134,7 @@ def main() -> None:
         as_user = {"user": sub.pw_uid, "group": sub.pw_gid, "extra_groups": []}
         for n in per:
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", WORKER, str(REPO), sock, str(n), str(start_at), str(jobs_dir)],
+                [sys.executable, "-c", WORKER, str(REPO), sock, str(n), str(start_at), str(jobs_dir), PARTITION],
                 env=env, stdout=subprocess.PIPE, text=True, cwd="/", **as_user))  # type: ignore[arg-type]
         status_proc = subprocess.Popen(
             [sys.executable, "-c", STATUS, str(REPO), sock, str(start_at), stop_file],
