@@ -32,6 +32,7 @@ import pwd
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -68,6 +69,11 @@ class Limits:
     """How much of an oversized request is read and dropped so its sender still gets the answer."""
     slow_request_s: float = 1.0
     """Requests slower than this are logged."""
+    switch_interval_s: float = 0.0005
+    """How long a thread may keep the interpreter while others wait (``sys.setswitchinterval``;
+    Python's default is 5 ms). A request that waits on the database or a child gives the
+    interpreter up and must win it back each time; among busy submitting threads, at 5 ms a
+    go, a user's short read would wait a second in all."""
 
 
 class Busy(BrokerError):
@@ -145,6 +151,7 @@ class ApiServer:
 
     # -- accepting -------------------------------------------------------------
     def serve_forever(self) -> None:
+        sys.setswitchinterval(self.limits.switch_interval_s)
         sel = selectors.DefaultSelector()
         sel.register(self.socket, selectors.EVENT_READ)
         try:

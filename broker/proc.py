@@ -10,7 +10,8 @@ Every child gets:
   and the child killed, so a hostile or runaway program cannot fill the
   daemon's memory;
 * optionally another identity: with ``user`` it runs as that Unix user, with
-  the user's groups, from ``/`` (only root may ask). This is how the root
+  the user's groups, from ``/`` (only root may ask), through setpriv(1), so the
+  daemon is not forked whole for it. This is how the root
   daemon does what must be done as a user (principle 10): submit the user's
   job, look at the user's files.
 
@@ -42,6 +43,12 @@ ENV_PROGRAM = "/usr/bin/env"
 """coreutils env(1), which enters a directory (--chdir) after the identity changed."""
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH for children that need one; never a user's."""
+SETPRIV_PROGRAM = "/usr/bin/setpriv"
+"""util-linux setpriv(1), which takes on a user's identity (real, effective and saved ids, the
+groups; no capabilities left) and then executes the program. Through it the daemon starts a
+child with vfork (Python forks the whole daemon when Popen itself must change the identity:
+tens of milliseconds for a large, threaded process, and all of it under the daemon's lock-free
+but CPU-bound load)."""
 
 
 class CommandNotRunnable(BrokerError):
@@ -124,12 +131,91 @@ def run(
     its working directory is then ``/`` unless ``cwd`` says otherwise.
     Raises CommandNotRunnable when the program cannot be started.
     """
+    started = start(argv, env=env, timeout_s=timeout_s, user=user, max_output=max_output, cwd=cwd,
+                    stdin=input is not None)
+    return started.finish(input)
+
+
+class Started:
+    """A child that runs and waits for its input (``start``): ``finish`` gives it its input and
+    collects what it did; ``abort`` kills it before it got any."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], args: list[str], started_at: float, timeout_s: float,
+                 max_output: int, program: list[str] | None = None) -> None:
+        self.proc, self.argv, self.started_at = proc, args, started_at
+        self.timeout_s, self.max_output = timeout_s, max_output
+        self.program = program or args
+        """``argv`` without the identity switch in front (what the caller asked to run)."""
+        self.done = False
+
+    def finish(self, input: bytes | None = None) -> Result:
+        """Write ``input`` (then end it), read the output to its end or the deadline, reap the child."""
+        if self.done:
+            raise RuntimeError("this child has finished already")
+        self.done = True
+        proc, args = self.proc, self.program
+        # The deadline counts from here: the time the child waited for its input is the caller's.
+        stdout, stderr, truncated, timed_out = _pump(proc, input, time.monotonic() + self.timeout_s,
+                                                     self.max_output)
+        if timed_out or truncated:
+            _kill_session(proc)
+        code = proc.wait()
+        first = stderr.split(b"\n", 1)[0]
+        if self.argv[0] == SETPRIV_PROGRAM and code in (126, 127) and first.startswith(b"setpriv: "):
+            # setpriv could not take on the identity (127) or not execute the program (126, 127)
+            why = first.decode("utf-8", "replace").removeprefix("setpriv: ")
+            if "failed to execute" not in why:
+                raise PermissionDenied(f"cannot run {os.path.basename(args[0])} as another user: {why}",
+                                       hint="the gbroker daemon must run as root")
+            if args[0] == ENV_PROGRAM:
+                raise CommandNotRunnable(f"program {ENV_PROGRAM!r} not found", args, os_error=why,
+                                         hint="install coreutils")
+            denied = code == 126
+            raise CommandNotRunnable(f"program {args[0]!r} " + ("may not be executed" if denied else "not found"),
+                                     args, denied=denied, os_error=why,
+                                     hint="check its permissions and the configured path" if denied
+                                     else "install it, or fix the configured path")
+        if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in first:
+            why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
+            raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
+        return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - self.started_at,
+                      truncated)
+
+    def abort(self) -> None:
+        """Kill the child (and its session) before it was given its input; reap it."""
+        if self.done:
+            return
+        self.done = True
+        _kill_session(self.proc)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        self.proc.wait()
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    user: Identity | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    cwd: str | None = None,
+    stdin: bool = True,
+) -> Started:
+    """Start ``argv`` as ``run`` does, and return at once: the child starts up while the caller
+    works, and blocks reading its input (``stdin``) until ``Started.finish`` writes it.
+
+    The deadline (``timeout_s``) counts from ``finish``. Raises CommandNotRunnable when the
+    program cannot be started.
+    """
     args = [str(a) for a in argv]
     if not args or any("\0" in a for a in args):
         raise ValueError("argv must be a non-empty list without NUL bytes")
     uid: int | None = None
     gid: int | None = None
     groups: list[int] | None = None
+    switch: list[str] = []
     if user is not None:
         if os.geteuid() != user.uid:
             if os.geteuid() != 0:
@@ -137,18 +223,25 @@ def run(
                     f"cannot run {os.path.basename(args[0])} as {user.name!r}: this process is not root",
                     hint="run the gbroker daemon as root, or act as yourself",
                 )
-            uid, gid, groups = user.uid, user.gid, list(user.groups)
+            if os.path.exists(SETPRIV_PROGRAM):
+                group_list = ",".join(str(g) for g in user.groups)
+                switch = [SETPRIV_PROGRAM, f"--reuid={user.uid}", f"--regid={user.gid}",
+                          f"--groups={group_list}" if group_list else "--clear-groups", "--"]
+            else:
+                uid, gid, groups = user.uid, user.gid, list(user.groups)
         if cwd not in (None, "/"):
             # Enter the directory as the user, not as root: Popen's cwd is entered
             # before the identity changes, which would let a user name a directory
             # only root may enter.
             args = [ENV_PROGRAM, f"--chdir={cwd}", "--", *args]
         cwd = "/"
-    start = time.monotonic()
+    program = args
+    args = [*switch, *args]
+    begin = time.monotonic()
     try:
         proc = subprocess.Popen(
             args,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=dict(env),
@@ -172,14 +265,7 @@ def run(
                                      os_error=str(exc),
                                      hint="check its permissions and the configured path") from None
         raise
-    stdout, stderr, truncated, timed_out = _pump(proc, input, start + timeout_s, max_output)
-    if timed_out or truncated:
-        _kill_session(proc)
-    code = proc.wait()
-    if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in stderr.split(b"\n", 1)[0]:
-        why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
-        raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
-    return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - start, truncated)
+    return Started(proc, args, begin, timeout_s, max_output, program)
 
 
 def _pump(

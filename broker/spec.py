@@ -25,19 +25,20 @@ Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work to
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker import sbatch_lines
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
-from broker.pieces import MAX_PIECES, Pieces, PiecesError, parse_pieces
 
 if TYPE_CHECKING:
+    from broker.pieces import Pieces
     from broker.pools import GpuRequest
+
+# broker.pieces, broker.sbatch_lines and shlex are imported where an array, a script or a
+# sweep needs them: `gbroker submit -- cmd` starts without them.
 
 T = TypeVar("T")
 
@@ -189,6 +190,8 @@ class JobSpec:
 
     def array(self) -> Pieces:
         """The array's pieces (only for ``is_array``)."""
+        from broker.pieces import parse_pieces
+
         assert self.pieces is not None
         return parse_pieces(self.pieces, self.chunk)
 
@@ -333,6 +336,8 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     if spec.mem_mb is not None:
         out["mem"] = f"{spec.mem_mb}M"
     if spec.sweep:
+        import shlex
+
         out["sweep"] = [shlex.join(args) for args in spec.sweep]
     elif spec.pieces is not None:
         out["pieces"] = spec.pieces
@@ -594,6 +599,10 @@ class _Parser:
         if not isinstance(value, list) or not value:
             raise self.fail("sweep", "must be a file path or a non-empty list of argument lines",
                             hint='sweep = "/abs/path/points.txt" (one line of arguments per piece)')
+        import shlex
+
+        from broker.pieces import MAX_PIECES
+
         if len(value) > MAX_PIECES:
             raise self.fail("sweep", f"has {len(value)} lines; an array has at most {MAX_PIECES} pieces")
         out = []
@@ -628,6 +637,8 @@ class _Parser:
             value = str(value)
         if not isinstance(value, str):
             raise self.fail("pieces", f"must be a string like \"1-400\", got {_type_name(value)} {value!r}")
+        from broker.pieces import PiecesError, parse_pieces
+
         try:
             parsed = parse_pieces(value, chunk)
         except PiecesError as exc:
@@ -690,6 +701,8 @@ class _Parser:
         A field given in the job (file or flags) and by a line must have the same
         value; each line's value is checked by the same code as the job file's.
         """
+        from broker import sbatch_lines
+
         found, refused = sbatch_lines.read(script)
         errors.extend(refused)
         merged = dict(data)
@@ -981,6 +994,8 @@ class _Parser:
         if value is None:
             return None
         if isinstance(value, str):
+            import shlex
+
             try:
                 suggestion = repr(shlex.split(value)).replace("'", '"')
             except ValueError:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from broker.cli.main import Context, cli
-from broker.cli.output import duration, print_json, print_table
+from broker.cli.output import client_of, duration, print_json, print_table
 from broker.errors import SpecError
+
+if TYPE_CHECKING:
+    from broker.client import Job
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -154,15 +157,17 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
         if not Path(job_file).is_file():
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
     spec = build_spec(job_file, flags, command)
-    # The key is made here, so a retry after a lost answer (a daemon restart) names the same job.
-    result = ctx.call("submit", repeatable=True, spec=spec, key=key or _new_key())
+    # The key is made here (by the client), so a retry after a lost answer (a daemon restart)
+    # names the same job.
+    result = client_of(ctx).submit(spec, key=key)
     if as_json:
-        print_json(result)
+        print_json(result.raw)
         return
-    slurm = f", Slurm job {result['slurm_job_id']}" if result.get("slurm_job_id") else ""
-    click.echo(f"Submitted job {result['id']} ({result['name']}) to {result['partition']} [{result['capacity']}]{slurm}")
-    if result.get("note"):
-        click.echo(f"  note: {result['note']}")
+    job = result.job
+    slurm = f", Slurm job {result.slurm_job_id}" if result.slurm_job_id else ""
+    click.echo(f"Submitted job {job.id} ({job.name}) to {job.partition} [{job.capacity}]{slurm}")
+    if result.note:
+        click.echo(f"  note: {result.note}")
 
 
 def _job_numbers(text: str) -> list[int]:
@@ -174,26 +179,10 @@ def _job_numbers(text: str) -> list[int]:
     return out
 
 
-def _new_key() -> str:
-    import secrets
-
-    return "gb-" + secrets.token_hex(6)
-
-
-def _job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
+def _job_rows(jobs: list[Job]) -> list[list[Any]]:
     return [
-        [
-            j["id"],
-            j["name"],
-            j["owner"],
-            j["group"],
-            j["state"],
-            j.get("capacity") or "",
-            j.get("partition") or "",
-            j.get("attempts", 0),
-            j.get("slurm_job_id") or "",
-            duration(j.get("age_s")),
-        ]
+        [j.id, j.name, j.owner, j.group, j.state, j.capacity or "", j.partition or "", j.attempt_count,
+         j.slurm_job_id or "", duration(j.age_s)]
         for j in jobs
     ]
 
@@ -207,9 +196,9 @@ _JOB_HEADERS = ["ID", "NAME", "USER", "GROUP", "STATE", "CAPACITY", "PARTITION",
 @pass_ctx
 def status(ctx: Context, all_users: bool, as_json: bool) -> None:
     """List your active jobs."""
-    jobs = ctx.call("list", repeatable=True, active=True, all_users=all_users)
+    jobs = client_of(ctx).status(all_users=all_users)
     if as_json:
-        print_json(jobs)
+        print_json([j.raw for j in jobs])
     elif not jobs:
         click.echo("No active jobs. `gbroker history` lists finished ones.")
     else:
@@ -217,12 +206,12 @@ def status(ctx: Context, all_users: bool, as_json: bool) -> None:
         _progress_lines(jobs)
 
 
-def _progress_lines(jobs: list[dict[str, Any]]) -> None:
-    arrays = [j for j in jobs if j.get("pieces")]
+def _progress_lines(jobs: list[Job]) -> None:
+    arrays = [j for j in jobs if j.pieces]
     if arrays:
         click.echo("")
     for j in arrays:
-        click.echo(f"  job {j['id']} pieces: {j['pieces']['line']}")
+        click.echo(f"  job {j.id} pieces: {(j.pieces or {}).get('line', '')}")
 
 
 cli.add_command(status, "ls")
@@ -235,9 +224,9 @@ cli.add_command(status, "ls")
 @pass_ctx
 def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
     """List your jobs, newest first, finished ones included."""
-    jobs = ctx.call("list", repeatable=True, active=False, all_users=all_users, limit=limit)
+    jobs = client_of(ctx).history(all_users=all_users, limit=limit)
     if as_json:
-        print_json(jobs)
+        print_json([j.raw for j in jobs])
     elif not jobs:
         click.echo("No jobs yet.")
     else:
@@ -251,7 +240,7 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool, follow: bool) -> None:
     """Show one job: its spec, attempts and recent events."""
-    job = ctx.call("show", repeatable=True, job_id=job_id)
+    job = client_of(ctx).show(job_id)
     if follow:
         _show(job, as_json)
         click.get_current_context().invoke(watch, job_id=job_id)
@@ -259,46 +248,37 @@ def show(ctx: Context, job_id: int, as_json: bool, follow: bool) -> None:
     _show(job, as_json)
 
 
-def _show(job: dict[str, Any], as_json: bool) -> None:
+def _show(job: Job, as_json: bool) -> None:
     if as_json:
-        print_json(job)
+        print_json(job.raw)
         return
-    click.echo(f"Job {job['id']}  {job['name']}  ({job['kind']})")
-    click.echo(f"  owner      {job['owner']}   group {job['group']}")
-    click.echo(f"  state      {job['state']}" + (f"  — {job['reason']}" if job.get("reason") else ""))
-    click.echo(f"  placement  {job.get('capacity') or '-'} on {job.get('partition') or '-'} (policy {job.get('policy')})")
-    click.echo(f"  reclaims   {job.get('reclaims', 0)}   failures {job.get('failures', 0)}")
-    if job.get("deadline"):
-        click.echo(f"  deadline   {job['deadline']}")
-    if job.get("log"):
-        click.echo(f"  log        {job['log']}")
-    if job.get("pieces"):
-        click.echo(f"  pieces     {job['pieces']['line']}")
-        for state, ranges in (job.get("array") or {}).get("by_state", {}).items():
+    click.echo(f"Job {job.id}  {job.name}  ({job.kind})")
+    click.echo(f"  owner      {job.owner}   group {job.group}")
+    click.echo(f"  state      {job.state}" + (f"  — {job.reason}" if job.reason else ""))
+    click.echo(f"  placement  {job.capacity or '-'} on {job.partition or '-'} (policy {job.policy})")
+    click.echo(f"  reclaims   {job.reclaims}   failures {job.failures}")
+    if job.deadline:
+        click.echo(f"  deadline   {job.deadline}")
+    if job.log:
+        click.echo(f"  log        {job.log}")
+    if job.pieces:
+        click.echo(f"  pieces     {job.pieces.get('line', '')}")
+        for state, ranges in (job.array or {}).get("by_state", {}).items():
             click.echo(f"    {state:<10} {ranges}")
-        failed = [p for p in (job.get("array") or {}).get("pieces", []) if p["state"] == "failed"]
+        failed = [p for p in (job.array or {}).get("pieces", []) if p["state"] == "failed"]
         for p in failed[:20]:
             click.echo(f"    piece {p['piece']} failed: {p['reason']}")
     click.echo("")
     rows = [
-        [
-            a["number"],
-            a.get("slurm_job_id") or "",
-            a.get("partition") or "",
-            a.get("capacity") or "",
-            a["state"],
-            a.get("nodes") or "",
-            a.get("started_at") or "",
-            a.get("ended_at") or "",
-            duration(a.get("lost_s")),
-        ]
-        for a in job["attempts"]
+        [a.number, a.slurm_job_id or "", a.partition or "", a.capacity or "", a.state, a.nodes or "",
+         a.started_at or "", a.ended_at or "", duration(a.lost_s)]
+        for a in job.attempts
     ]
     print_table(rows, ["ATTEMPT", "SLURM", "PARTITION", "CAPACITY", "OUTCOME", "NODES", "START", "END", "LOST"])
-    if job.get("events"):
+    if job.events:
         click.echo("")
-        for e in job["events"][-10:]:
-            click.echo(f"  {e['at']}  {e['kind']:<12} {e['message']}")
+        for e in job.events[-10:]:
+            click.echo(f"  {e.at}  {e.kind:<12} {e.message}")
 
 
 @cli.command()
@@ -306,22 +286,17 @@ def _show(job: dict[str, Any], as_json: bool) -> None:
 @pass_ctx
 def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Cancel jobs (your own; admins: any)."""
-    result = ctx.call("cancel", job_ids=list(job_ids))
-    for item in result:
-        click.echo(f"Job {item['id']}: {item['state']}")
+    for item in client_of(ctx).cancel(list(job_ids)):
+        click.echo(f"Job {item.id}: {item.state}")
 
 
-ENDED = ("completed", "failed", "cancelled", "timeout", "deadline_missed")
-"""Job states after which nothing more happens (``broker.states.TERMINAL``'s values)."""
-
-
-def _progress_text(job: dict[str, Any]) -> str:
+def _progress_text(job: Job) -> str:
     from broker.pieces import bar
 
-    pieces = job.get("pieces")
+    pieces = job.pieces
     if pieces:
-        return f"job {job['id']} {bar(pieces['counts'].get('done', 0), pieces['total'])} {pieces['line']}"
-    return f"job {job['id']} {job['state']}" + (f" — {job['reason']}" if job.get("reason") else "")
+        return f"job {job.id} {bar(pieces['counts'].get('done', 0), pieces['total'])} {pieces['line']}"
+    return f"job {job.id} {job.state}" + (f" — {job.reason}" if job.reason else "")
 
 
 @cli.command()
@@ -336,7 +311,7 @@ def watch(ctx: Context, job_id: int, interval: float) -> None:
     tty = sys.stdout.isatty()
     last = ""
     while True:
-        job = ctx.call("show", repeatable=True, job_id=job_id)
+        job = client_of(ctx).show(job_id)
         text = _progress_text(job)
         if text != last:
             if tty:
@@ -344,20 +319,12 @@ def watch(ctx: Context, job_id: int, interval: float) -> None:
             else:
                 click.echo(text)
             last = text
-        if job["state"] in ENDED:
+        if job.ended:
             if tty:
                 click.echo("")
-            click.echo(f"job {job_id} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
+            click.echo(f"job {job_id} {job.state}" + (f": {job.reason}" if job.reason else ""))
             return
         time.sleep(max(0.2, interval))
-
-
-def _attempt_of(line: str) -> int | None:
-    """The attempt a batch script's start line names (``=== gbroker: job 7 attempt 2 starts: ...``)."""
-    import re
-
-    m = re.match(r"=== gbroker: job \S+ attempt (\d+) starts", line)
-    return int(m.group(1)) if m else None
 
 
 @cli.command()
@@ -372,19 +339,10 @@ def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, foll
     import sys
     import time
 
-    job = ctx.call("show", repeatable=True, job_id=job_id)
-    path = job.get("log")
-    if piece is not None:
-        found = [p for p in (job.get("array") or {}).get("pieces", []) if p["piece"] == piece]
-        if not job.get("array"):
-            raise SpecError(f"job {job_id} is not an array", hint=f"gbroker logs {job_id} (without --piece)")
-        if not found:
-            known = (job.get("array") or {}).get("by_state", {})
-            raise SpecError(f"job {job_id} has no piece {piece}",
-                            hint="its pieces: " + "; ".join(f"{k} {v}" for k, v in known.items()))
-        path = found[0]["log"]
-    if not path:
-        raise SpecError(f"job {job_id} has no log recorded", hint="it was submitted before gbroker kept logs")
+    from broker.client import attempt_lines
+
+    client = client_of(ctx)
+    path = client.log_path(job_id, piece)
     offset = 0
     shown = attempt is None
     pending = ""
@@ -405,18 +363,15 @@ def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, foll
         text = pending + data.decode("utf-8", "replace")
         lines = text.split("\n")
         pending = lines.pop()  # an unfinished last line waits for its end
-        for line in lines:
-            started = _attempt_of(line)
-            if attempt is not None and started is not None:
-                shown = started == attempt
-            if shown:
-                sys.stdout.write(line + "\n")
+        out, shown = attempt_lines(lines, attempt, shown)
+        for line in out:
+            sys.stdout.write(line + "\n")
         sys.stdout.flush()
         if not follow:
             if pending and shown:
                 sys.stdout.write(pending + "\n")
             return
-        if ctx.call("show", repeatable=True, job_id=job_id)["state"] in ENDED and not data:
+        if client.show(job_id).ended and not data:
             if pending and shown:
                 sys.stdout.write(pending + "\n")
             return

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from broker.tables import table
+
+if TYPE_CHECKING:
+    from broker.cli.main import Context
+    from broker.client import Client
+
+
+def client_of(ctx: Context) -> Client:
+    """The typed client (``broker.client.Client``) over the command's ``Context.call``."""
+    from broker.client import Client
+
+    return Client(transport=ctx.call)
 
 
 def print_json(data: Any) -> None:

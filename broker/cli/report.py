@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from broker.cli.main import Context
-from broker.cli.output import print_json
+from broker.cli.output import client_of, print_json
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -33,7 +33,8 @@ def report(ctx: Context, semester_name: str | None, by: str, fmt: str, as_json: 
     """
     from broker.report.render import report_csv, report_table
 
-    data = ctx.call("report", semester=semester_name, by=by)
+    client = client_of(ctx)
+    data = client.report(semester=semester_name, by=by).raw
     if as_json or fmt == "json":
         print_json(data)
     elif fmt == "csv":
@@ -43,5 +44,5 @@ def report(ctx: Context, semester_name: str | None, by: str, fmt: str, as_json: 
     if plot_path:
         from broker.report.plot import plot_burndown
 
-        n = plot_burndown(ctx.call("burndown", semester=semester_name), plot_path)
+        n = plot_burndown(client.burndown(semester=semester_name), plot_path)
         click.echo(f"burn-down of {n} group(s) written to {plot_path}", err=True)

@@ -13,13 +13,18 @@ import json
 import logging
 import re
 import secrets
+import weakref
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from broker import proc
 from broker.pieces import capped
 from broker.caller import Caller
 from broker.db import store
+from broker.db.engine import SQLITE_BEGIN_OPTION
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.money.admission import admit
@@ -29,7 +34,7 @@ from broker.jobs import arrays, lifecycle
 from broker.jobs.chains import chain_blocks, check_after
 from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
 from broker.jobs.views import job_summary
-from broker.slurm.backend import SubmitRequest
+from broker.slurm.backend import StartedSubmit, SubmitRequest
 from broker.slurm.script import ArrayPart, render_batch_script
 from broker.spec import JobSpec, spec_from_dict
 from broker.states import TERMINAL, JobState
@@ -40,6 +45,24 @@ log = logging.getLogger(__name__)
 
 KEY_RE = re.compile(r"^gb-[0-9a-z]{8,40}$")
 """A job key: made by the client (so a retry after a lost answer names the same job) or by the daemon."""
+
+
+_READS: weakref.WeakKeyDictionary[sessionmaker[Session], sessionmaker[Session]] = weakref.WeakKeyDictionary()
+
+
+def read_sessions(svc: Services) -> sessionmaker[Session]:
+    """Sessions for reading only, next to ``svc.sessions``: on SQLite a plain BEGIN, so a read
+    sees the last commit and waits for no writer (``svc.sessions`` begins IMMEDIATE, taking the
+    write lock: a user's ``status`` would queue behind every submission's transaction). Never
+    write through them."""
+    maker = _READS.get(svc.sessions)
+    if maker is None:
+        bind: Any = svc.sessions.kw["bind"]
+        if bind.dialect.name == "sqlite":
+            bind = bind.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN"})
+        maker = sessionmaker(bind=bind, expire_on_commit=False)
+        _READS[svc.sessions] = maker
+    return maker
 
 
 def new_key() -> str:
@@ -91,14 +114,42 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
             check_after(s, caller.uid, caller.is_admin, spec.after)
     preflight(svc, caller, spec, partition, Capacity(capacity))
     log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
+    early: Early | None = None
     try:
-        job_id, attempt_id, note = _store_intent(svc, caller, spec, key, capacity, partition, placed_by,
-                                                 log_path, now)
-    except BaseException:
-        svc.files.remove(caller.name, log_path)  # refused after all: leave nothing behind
-        raise
-    svc.crash.reach("after_intent")
+        if not spec.after and not spec.is_array:
+            early = start_sbatch(svc, request_for(
+                spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
+                owner_name=caller.name, log_path=log_path, gres_type=gres_type_for(spec, pool)))
+        try:
+            job_id, attempt_id, note = _store_intent(svc, caller, spec, key, capacity, partition, placed_by,
+                                                     log_path, now)
+        except BaseException:
+            svc.files.remove(caller.name, log_path)  # refused after all: leave nothing behind
+            raise
+        svc.crash.reach("after_intent")
+        return _submit_stored(svc, spec, job_id, attempt_id, note, now, early)
+    finally:
+        if early is not None:
+            early[1].abort()  # not given its script (refused, or the request changed): nothing is queued
 
+
+Early = tuple[SubmitRequest, StartedSubmit]
+"""An sbatch started before its intent was stored (``start_sbatch``) and the request it was started for."""
+
+
+def start_sbatch(svc: Services, request: SubmitRequest) -> Early | None:
+    """Start a plain job's sbatch (as the user) while its intent is being stored: sbatch
+    starts up meanwhile and then waits for its script on stdin, which only
+    ``sbatch_attempt`` writes, after the intent is committed (principle 4 holds: an
+    sbatch without its script queues nothing; if the daemon dies first, the pipe
+    closes and sbatch refuses the empty script). None when the backend cannot."""
+    started = svc.backend.start_submit(request)
+    return None if started is None else (request, started)
+
+
+def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, note: str, now: datetime,
+                   early: Early | None) -> dict[str, Any]:
+    """Submit a stored job's first attempt (or leave a chain to the tick); the submit answer."""
     if spec.after:
         # A chain: the tick submits it once every job it waits for has completed (broker/jobs/chains.py).
         svc.sbatch_finished(arrays.claim_id(-attempt_id) if spec.is_array else attempt_id, committed=False)
@@ -113,7 +164,7 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
         if spec.is_array:
             slurm_id = sbatch_batch(svc, job_id, -attempt_id, claimed=True)
         else:
-            slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True)
+            slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True, early=early)
     except SlurmUnavailable as exc:
         slurm_id = None
         note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
@@ -127,9 +178,8 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
             f"Slurm refused the job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
-    with svc.sessions() as s:
-        job = must_get(s, Job, job_id)
-        result = job_summary(s, job, now)
+    with read_sessions(svc)() as s:  # a read: waits for no writer
+        result = job_summary(s, must_get(s, Job, job_id), now)
     if note:
         result["note"] = note
     result["slurm_job_id"] = slurm_id
@@ -147,7 +197,7 @@ def _job_key(key: Any) -> str:
 
 def _already_submitted(svc: Services, caller: Caller, key: str, spec: JobSpec, now: datetime) -> dict[str, Any] | None:
     """The job a retried submission (same key) made the first time, or None for a new key."""
-    with svc.sessions() as s:
+    with read_sessions(svc)() as s:
         job = store.get_job_by_key(s, key)
         if job is None:
             return None
@@ -240,12 +290,17 @@ def log_path_of(job: Job) -> str:
     return job.log_path or f"{default_workdir(stored_spec(job), job.owner_name).rstrip('/')}/gbroker-{job.id}.out"
 
 
-def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool = False) -> int | None:
+def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool = False,
+                   early: Early | None = None) -> int | None:
     """sbatch one stored attempt (state SUBMITTING) and record the Slurm job id.
 
     Exactly one caller sbatches an attempt: the submit that stored it (which
     claimed it already, `claimed=True`) or a reconcile tick. Returns the Slurm
     job id, or None when someone else is submitting it right now.
+
+    ``early``: an sbatch the submit started before storing the intent; it gets the
+    script when it was started for exactly this request, else it is aborted and
+    sbatch runs as usual.
 
     Raises SlurmUnavailable (the attempt stays SUBMITTING, to be adopted or
     retried by the reconcile tick) or SlurmError.
@@ -254,13 +309,18 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         return None
     committed = False
     try:
-        with svc.sessions() as s:
+        with read_sessions(svc)() as s:
             job = must_get(s, Job, job_id)
             attempt = must_get(s, Attempt, attempt_id)
             if attempt.slurm_job_id is not None:
                 return attempt.slurm_job_id  # already in Slurm (an earlier sbatch was committed)
             request = build_request(svc, job, attempt, stored_spec(job))
-        slurm_id = svc.backend.submit(request)
+        if early is not None and replace(early[0], script=request.script) == request:
+            slurm_id = early[1].finish(request.script)
+        else:
+            if early is not None:
+                early[1].abort()
+            slurm_id = svc.backend.submit(request)
         svc.crash.reach("after_sbatch")
         now = svc.clock.now()
         with svc.tx() as s:

@@ -174,6 +174,21 @@ class NodeInfo:
         return self.state is NodeState.IDLE
 
 
+class StartedSubmit(abc.ABC):
+    """An sbatch started by ``Backend.start_submit``, waiting for its script."""
+
+    argv: list[str]
+    """The sbatch command line it runs (``finish`` is for the request with this command line only)."""
+
+    @abc.abstractmethod
+    def finish(self, script: str) -> int:
+        """Give it the batch script; the Slurm job id (or SlurmError / SlurmUnavailable, as ``submit``)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """End it without a script: nothing is queued. Nothing happens once it finished or was aborted."""
+
+
 class Backend(abc.ABC):
     """How gbroker talks to Slurm. See the module docstring for the rules."""
 
@@ -182,6 +197,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def submit(self, req: SubmitRequest) -> int:
         """Queue one batch job (as ``req.user`` when given); return its job id."""
+
+    def start_submit(self, req: SubmitRequest) -> StartedSubmit | None:
+        """Start the submission of ``req`` without its script: sbatch starts up and waits
+        for the script, which ``StartedSubmit.finish`` gives it later (so its start-up
+        overlaps the caller's own work, e.g. storing the intent). Nothing is queued until
+        then; ``abort`` ends it with nothing queued. ``req.script`` is not sent (the
+        caller renders the script at ``finish``). None: not supported, use ``submit``.
+        """
+        return None
 
     def check(self, req: SubmitRequest) -> None:  # noqa: B027  (optional: the default accepts)
         """Ask Slurm whether ``req`` would be accepted, creating nothing.

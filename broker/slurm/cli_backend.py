@@ -16,12 +16,14 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from broker.errors import SlurmError, SpecError
+from broker.errors import BrokerError, SlurmError, SpecError
 from broker.slurm import arrays, parse
 from broker.slurm.arrays import array_option
-from broker.slurm.backend import UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, SubmitRequest
+from broker.slurm.backend import (
+    UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest,
+)
 from broker.slurm.hostlist import compress
-from broker.slurm.runner import RunFn, Runner, clean_env
+from broker.slurm.runner import RunFn, Runner, RunningCommand, clean_env
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +187,19 @@ class CliBackend(Backend):
             return parse.parse_sbatch_parsable(result.stdout)
         except ValueError as exc:
             raise SlurmError(str(exc), argv=argv, returncode=0, stderr=result.stderr) from None
+
+    def start_submit(self, req: SubmitRequest) -> StartedSubmit | None:
+        """sbatch as the user, started now, reading its script from stdin when ``finish`` writes it."""
+        runner = self.runner
+        if not isinstance(runner, Runner) or type(runner).run is not Runner.run:
+            return None  # a test's runner (or one that wraps run): submit as usual
+        try:
+            argv = self.sbatch_argv(req)
+            running = runner.start(argv, timeout_s=self.submit_timeout_s, env=self.submit_env(req), user=req.user,
+                                   cwd=req.workdir if req.user is not None else None)
+        except BrokerError:
+            return None  # submit() says why, the usual way
+        return _StartedSbatch(argv, running)
 
     def check(self, req: SubmitRequest) -> None:
         """``sbatch --test-only`` as the user: Slurm validates account, partition and
@@ -357,3 +372,18 @@ class CliBackend(Backend):
         names = list(names)
         if names:
             self._control(["scontrol", "update", f"NodeName={compress(names)}", "State=POWER_UP"])
+
+
+class _StartedSbatch(StartedSubmit):
+    def __init__(self, argv: list[str], running: RunningCommand) -> None:
+        self.argv, self.running = argv, running
+
+    def finish(self, script: str) -> int:
+        result = self.running.finish(script)
+        try:
+            return parse.parse_sbatch_parsable(result.stdout)
+        except ValueError as exc:
+            raise SlurmError(str(exc), argv=self.argv, returncode=0, stderr=result.stderr) from None
+
+    def abort(self) -> None:
+        self.running.abort()

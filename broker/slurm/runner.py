@@ -181,6 +181,22 @@ class Runner:
         (only root may); the job sbatch creates then belongs to that user in
         Slurm. ``cwd`` is where it runs (default ``/`` for another user).
         """
+        return self.start(argv, timeout_s=timeout_s, env=env, user=user, cwd=cwd,
+                          stdin=input is not None).finish(input)
+
+    def start(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        stdin: bool = True,
+    ) -> RunningCommand:
+        """Start ``argv`` as :meth:`run` does and return at once; the command waits for its
+        input until :meth:`RunningCommand.finish` writes it (sbatch reads its script from
+        stdin only after it has started up: that start-up can overlap the caller's work)."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise TypeError("argv must be a non-empty list of str")
         if any("\0" in a for a in argv):
@@ -194,19 +210,31 @@ class Runner:
         full = [self.resolve(argv[0]), *argv[1:]]
         self.counter.record(argv)
         try:
-            result = proc.run(full, env=child_env, timeout_s=timeout, user=ident,
-                              input=None if input is None else input.encode(), cwd=cwd)
+            started = proc.start(full, env=child_env, timeout_s=timeout, user=ident, cwd=cwd, stdin=stdin)
         except proc.CommandNotRunnable as exc:
-            if exc.missing_cwd:
-                raise SlurmError(
-                    f"cannot run {argv[0]} in {cwd}: {exc.message}", argv=argv,
-                    hint="the directory must exist and be yours to enter",
-                ) from None
-            raise SlurmError(
-                f"Slurm command {full[0]!r} not found or not executable",
-                argv=argv,
-                hint="install the Slurm client tools (slurm-client), or set slurm_bin_dir",
-            ) from None
+            raise _not_runnable(argv, full, cwd, exc) from None
+        return RunningCommand(argv, full, started, timeout, user, cwd)
+
+
+class RunningCommand:
+    """A Slurm command started by :meth:`Runner.start`, waiting for its input."""
+
+    def __init__(self, argv: list[str], full: list[str], started: proc.Started, timeout: float,
+                 user: str | None, cwd: str | None) -> None:
+        self.argv, self.full, self.started = argv, full, started
+        self.timeout, self.user, self.cwd = timeout, user, cwd
+
+    def abort(self) -> None:
+        """Kill it before it got its input (an sbatch that never read its script queues nothing)."""
+        self.started.abort()
+
+    def finish(self, input: str | None = None) -> CompletedRun:
+        """Give it its input; its output, or SlurmError / SlurmUnavailable as :meth:`Runner.run` raises."""
+        argv, full, timeout, user, cwd = self.argv, self.full, self.timeout, self.user, self.cwd
+        try:
+            result = self.started.finish(None if input is None else input.encode())
+        except proc.CommandNotRunnable as exc:
+            raise _not_runnable(argv, full, cwd, exc) from None
         stdout, stderr = result.out, result.err
         log.debug(
             "slurm call %s rc=%s in %.3fs%s",
@@ -242,6 +270,19 @@ class Runner:
                 stderr=stderr,
             )
         return CompletedRun(argv, stdout, stderr, result.returncode or 0, result.elapsed_s)
+
+
+def _not_runnable(argv: list[str], full: list[str], cwd: str | None, exc: proc.CommandNotRunnable) -> SlurmError:
+    if exc.missing_cwd:
+        return SlurmError(
+            f"cannot run {argv[0]} in {cwd}: {exc.message}", argv=argv,
+            hint="the directory must exist and be yours to enter",
+        )
+    return SlurmError(
+        f"Slurm command {full[0]!r} not found or not executable",
+        argv=argv,
+        hint="install the Slurm client tools (slurm-client), or set slurm_bin_dir",
+    )
 
 
 def run(

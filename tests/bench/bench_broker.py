@@ -13,6 +13,7 @@
 Run (as root, dev cluster up for part 1):
     python tests/bench/bench_broker.py            # both parts
     python tests/bench/bench_broker.py --ticks-only
+    python tests/bench/bench_broker.py --submit-only
 """
 
 from __future__ import annotations
@@ -110,13 +111,17 @@ def bench_ticks(n: int) -> dict[str, float]:
 
 
 # -- part 1: submit latency -----------------------------------------------------
-def _median_wall(argv: list[str], env: dict[str, str], runs: int, cwd: str) -> float:
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
-        walls.append(time.perf_counter() - t0)
-    return statistics.median(walls)
+def _median_walls(commands: dict[str, list[str]], env: dict[str, str], runs: int, cwd: str) -> dict[str, float]:
+    """Median wall time of each command, run in turns (one of each per round, after one warm-up
+    round), so a change in the machine's load falls on all of them alike."""
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    for round_ in range(runs + 1):
+        for name, argv in commands.items():
+            t0 = time.perf_counter()
+            subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
+            if round_:
+                walls[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(w) for name, w in walls.items()}
 
 
 def bench_submit(runs: int) -> dict[str, float]:
@@ -131,6 +136,9 @@ def bench_submit(runs: int) -> dict[str, float]:
     env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
                GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"),
                GBROKER_TICK_SECONDS="5")
+    # Measure the program as installed: with its compiled modules (a PYTHONDONTWRITEBYTECODE
+    # environment would compile every module of every run, gbroker's and click's alike).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     sock = str(work / "sock")
     daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level", "WARNING"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -146,13 +154,13 @@ def bench_submit(runs: int) -> dict[str, float]:
               "--", "sleep", "1"]
         click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
         status = [sys.executable, "-m", "broker", "--socket", sock, "status"]
-        results = {
-            "python -c 'import click'": _median_wall([sys.executable, "-c", "import click"], env, runs, str(work)),
-            "gbroker status": _median_wall(status, env, runs, str(work)),
-            "sbatch": _median_wall(sbatch, env, runs, str(work)),
-            "python+click+sbatch": _median_wall(click_then_sbatch, env, runs, str(work)),
-            "gbroker submit": _median_wall(gb, env, runs, str(work)),
-        }
+        results = _median_walls({
+            "python -c 'import click'": [sys.executable, "-c", "import click"],
+            "gbroker status": status,
+            "sbatch": sbatch,
+            "python+click+sbatch": click_then_sbatch,
+            "gbroker submit": gb,
+        }, env, runs, str(work))
     finally:
         daemon.terminate()
         daemon.wait(30)
@@ -169,6 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--ticks-only", action="store_true")
+    ap.add_argument("--submit-only", action="store_true", help="Part 1 only.")
     args = ap.parse_args()
     if not args.ticks_only:
         sub = bench_submit(args.runs)
@@ -181,6 +190,9 @@ def main() -> None:
         for name, wall in sub.items():
             print(f"  {name:<22} {wall * 1000:8.1f} ms   x{wall / base:5.2f}")
         print(f"  gbroker over python+click+sbatch: x{sub['gbroker submit'] / sub['python+click+sbatch']:.2f}")
+        print(f"  load average {os.getloadavg()[0]:.2f} (1 min; {os.cpu_count()} CPUs)")
+        if args.submit_only:
+            return
     print("reconcile tick (SQLite, recorded squeue answer):")
     rows = {n: bench_ticks(n) for n in (100, 10_000)}
     for n, r in rows.items():

@@ -1,0 +1,191 @@
+"""Load benchmark: concurrent clients submitting while another user's `status` is timed.
+
+8 client processes (as the user alice, each with ``broker.client.Client``)
+submit 1,000 jobs in all to a real daemon on the dev cluster, as fast as the
+daemon answers; meanwhile a process as bob asks for his `status` every 20 ms.
+It prints submissions per second, submit p50/p99, status p50/p99 and the load
+average. Targets (issue 17): >= 100 submissions/s, status p99 < 0.2 s.
+
+The cluster stays sane: the partition the jobs go to is set DOWN for the run
+(Slurm queues jobs there and starts none, so no node powers up), and every job
+is cancelled and the partition set UP again at the end.
+
+Run as root, the dev cluster up (or it is started):
+    python tests/bench/bench_load.py [--jobs 1000] [--clients 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITION = "spot"
+
+WORKER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from broker.client import Client
+sock, n, start_at, workdir = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+client = Client(sock)
+spec = {"group": "vision", "time_limit": "5m", "partition": sys.argv[6], "name": "load",
+        "command": ["true"], "workdir": workdir}
+while time.time() < start_at:
+    time.sleep(0.001)
+out = []
+for _ in range(n):
+    t = time.perf_counter()
+    client.submit(spec)
+    out.append(time.perf_counter() - t)
+print(json.dumps({"lat": out, "end": time.time()}))
+"""
+
+STATUS = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from broker.client import Client
+sock, start_at, stop_file = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+client = Client(sock)
+while time.time() < start_at:
+    time.sleep(0.001)
+out = []
+while not os.path.exists(stop_file):
+    t = time.perf_counter()
+    client.status()
+    out.append(time.perf_counter() - t)
+    time.sleep(0.02)
+print(json.dumps({"lat": out}))
+"""
+
+
+def cpu_s(pid: int, children: bool = True) -> float:
+    """CPU seconds (user + system) a process used, with the children it waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+def slurmctld_pid(slurm_conf: str) -> int | None:
+    """slurmctld's pid, from the dev cluster's state directory (next to its slurm.conf)."""
+    try:
+        return int((Path(slurm_conf).parent / "run" / "slurmctld.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--submitter", default="alice")
+    ap.add_argument("--reader", default="bob")
+    ap.add_argument("--keep", action="store_true", help="Keep the work directory (the daemon's log, at INFO).")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (the daemon submits as the users)")
+    devcluster = REPO / "contrib" / "slurm" / "devcluster"
+    if subprocess.run([str(devcluster), "status"], capture_output=True).returncode != 0:
+        subprocess.run([str(devcluster), "up"], check=True)
+    conf = subprocess.run([str(devcluster), "env"], capture_output=True, text=True, check=True).stdout
+    slurm_conf = conf.strip().split("=", 1)[1].strip("'\"")
+    work = Path(tempfile.mkdtemp(prefix="gbroker-load-"))
+    os.chmod(work, 0o755)
+    (work / "g.toml").write_text("")
+    jobs_dir = work / "jobs"
+    jobs_dir.mkdir()
+    sub = pwd.getpwnam(args.submitter)
+    reader = pwd.getpwnam(args.reader)
+    os.chown(jobs_dir, sub.pw_uid, sub.pw_gid)
+    env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
+               GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    sock = str(work / "sock")
+    scontrol = ["scontrol", "update", f"PartitionName={PARTITION}"]
+    subprocess.run([*scontrol, "State=DOWN"], env=env, check=True)
+    daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level",
+                               "INFO" if args.keep else "WARNING"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=open(work / "daemon.log", "w"))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        load_before = os.getloadavg()
+        ctld = slurmctld_pid(slurm_conf)
+        cpu_before = (cpu_s(daemon.pid), cpu_s(ctld) if ctld else 0.0, os.times(), cpu_s(daemon.pid, children=False))
+        start_at = time.time() + 1.5
+        per = [args.jobs // args.clients + (1 if i < args.jobs % args.clients else 0) for i in range(args.clients)]
+        stop_file = str(work / "stop")
+        as_user = {"user": sub.pw_uid, "group": sub.pw_gid, "extra_groups": []}
+        for n in per:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(REPO), sock, str(n), str(start_at), str(jobs_dir), PARTITION],
+                env=env, stdout=subprocess.PIPE, text=True, cwd="/", **as_user))  # type: ignore[arg-type]
+        status_proc = subprocess.Popen(
+            [sys.executable, "-c", STATUS, str(REPO), sock, str(start_at), stop_file],
+            env=env, stdout=subprocess.PIPE, text=True, cwd="/",
+            user=reader.pw_uid, group=reader.pw_gid, extra_groups=[])
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise SystemExit(f"a client failed (exit {p.returncode}); see {work}/daemon.log")
+            results.append(json.loads(out))
+        Path(stop_file).touch()
+        status_out, _ = status_proc.communicate(timeout=60)
+        load_after = os.getloadavg()
+        after = os.times()
+        daemon_cpu = cpu_s(daemon.pid) - cpu_before[0]
+        daemon_own = cpu_s(daemon.pid, children=False) - cpu_before[3]
+        ctld_cpu = (cpu_s(ctld) if ctld else 0.0) - cpu_before[1]
+        clients_cpu = (after.children_user + after.children_system
+                       - cpu_before[2].children_user - cpu_before[2].children_system)
+        lat = [x for r in results for x in r["lat"]]
+        wall = max(r["end"] for r in results) - start_at
+        status_lat = json.loads(status_out)["lat"]
+        print(f"{len(lat)} submissions by {args.clients} clients ({args.submitter}) in {wall:.2f} s: "
+              f"{len(lat) / wall:.1f} submissions/s")
+        print(f"  submit  p50 {statistics.median(lat) * 1000:7.1f} ms   p99 {pct(lat, 0.99) * 1000:7.1f} ms   "
+              f"max {max(lat) * 1000:7.1f} ms")
+        print(f"  status ({args.reader}, {len(status_lat)} calls)  p50 {statistics.median(status_lat) * 1000:7.1f} ms"
+              f"   p99 {pct(status_lat, 0.99) * 1000:7.1f} ms   max {max(status_lat) * 1000:7.1f} ms")
+        print(f"  load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+              f"(1 min; {os.cpu_count()} CPUs)")
+        n = max(1, len(lat))
+        print(f"  CPU per submission: daemon {daemon_cpu / n * 1000:.1f} ms (its own {daemon_own / n * 1000:.1f} ms, "
+              f"its mktemp and sbatch children the rest), slurmctld {ctld_cpu / n * 1000:.1f} ms, clients {clients_cpu / n * 1000:.1f} ms; "
+              f"{(daemon_cpu + ctld_cpu + clients_cpu) / wall:.2f} CPUs busy with it")
+        queued = subprocess.run(["squeue", "-h", "-u", args.submitter, "-p", PARTITION, "-o", "%j"], env=env,
+                                capture_output=True, text=True).stdout.split()
+        print(f"  Slurm queue: {sum(1 for j in queued if j.startswith('gb-'))} gbroker jobs of {args.submitter}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        daemon.terminate()
+        daemon.wait(30)
+        subprocess.run(["scancel", "-u", args.submitter, "-p", PARTITION], env=env)
+        subprocess.run([*scontrol, "State=UP"], env=env)
+        if args.keep:
+            print(f"  kept {work} (daemon.log)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The typed client: the daemon's real answers (real handlers and views, real database, fake Slurm,
+a real UNIX socket) read into dataclasses, and malformed answers refused with a clear message."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.api import ApiServer
+from broker.client import (
+    ENDED, Attempt, Cancelled, Client, Event, Job, RemoteError, Report, SubmitResult, attempt_lines, attempt_of,
+    new_key,
+)
+from broker.errors import DaemonUnavailable, SpecError
+from broker.states import TERMINAL
+from ledger_fakes import ROOT, World, job_spec, setup_lab
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[World, Client]]:
+    from broker.jobs.handlers import handlers as job_handlers
+    from broker.money.handlers import handlers as money_handlers
+
+    world = World(f"sqlite:///{tmp_path / 'gb.db'}")
+    setup_lab(world.svc)
+    world.ops()["group_members"](ROOT, {"name": "vision", "add": ["root"], "remove": []})
+    sock_dir = Path(tempfile.mkdtemp(prefix="gb-client-"))
+    server = ApiServer(str(sock_dir / "s.sock"), {**job_handlers(world.svc), **money_handlers(world.svc)},
+                       admin_group="gbroker-test-admins-none")
+    server.serve_in_thread()
+    try:
+        yield world, Client(server.path)
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Client]) -> None:
+    world, client = daemon
+    key = new_key()
+    result = client.submit(job_spec(name="train"), key=key)
+    assert isinstance(result, SubmitResult) and isinstance(result.job, Job)
+    assert result.job.name == "train" and result.job.key == key and result.job.group == "vision"
+    assert result.slurm_job_id is not None and result.slurm_job_id == result.job.slurm_job_id
+    assert result.raw["id"] == result.id  # the daemon's own answer, for --json
+    again = client.submit(job_spec(name="train"), key=key)
+    assert again.id == result.id and again.note and "already submitted" in again.note
+
+    listed = client.status()
+    assert [j.id for j in listed] == [result.id]
+    assert listed[0].attempt_count == 1 and listed[0].attempts == () and listed[0].state == "pending"
+
+    job = client.show(result.id)
+    assert job.attempt_count == 1 and isinstance(job.attempts[0], Attempt)
+    assert job.attempts[0].number == 1 and job.attempts[0].slurm_job_id == result.slurm_job_id
+    assert job.events and all(isinstance(e, Event) for e in job.events)
+    assert "intent" in [e.kind for e in job.events]
+    assert job.log and job.log.startswith("/tmp/gbroker-train-")
+    assert not job.ended
+
+    done = client.cancel(result.id)
+    assert [(c.id, c.state) for c in done] == [(result.id, "cancelled")] and isinstance(done[0], Cancelled)
+    assert client.show(result.id).ended
+    assert client.status() == [] and [j.id for j in client.history()] == [result.id]
+
+
+def test_a_refusal_keeps_the_daemons_message_and_exit_code(daemon: tuple[World, Client]) -> None:
+    _, client = daemon
+    with pytest.raises(RemoteError) as err:
+        client.show(999)
+    assert "no job 999" in err.value.message and err.value.exit_code == 3
+    with pytest.raises(RemoteError) as err:
+        client.submit(job_spec(gpus=64))
+    assert "at most 8" in err.value.message and err.value.exit_code == 2
+
+
+def test_report_rows_are_exact_money(daemon: tuple[World, Client]) -> None:
+    world, client = daemon
+    out = client.submit(job_spec())
+    world.slurm.start(out.slurm_job_id)
+    world.tick()
+    world.advance(1800)
+    world.slurm.finish(out.slurm_job_id)
+    world.tick()
+    report = client.report(by="user")
+    assert isinstance(report, Report) and report.by == "user" and report.semester == "2026-fall"
+    assert [r.key for r in report.rows] == ["root"]
+    assert report.total.spend_micros == report.rows[0].spend_micros > 0
+    assert isinstance(report.total.spend_micros, int) and report.total.spend == report.raw["total"]["spend"]
+    assert report.visible == "all groups" and report.budgets
+
+
+def test_logs_reads_the_log_as_the_caller(daemon: tuple[World, Client], tmp_path: Path) -> None:
+    world, client = daemon
+    out = client.submit(job_spec())
+    path = client.log_path(out.id)
+    assert client.logs(out.id) == ""  # not written yet
+    Path(path).write_text("=== gbroker: job 1 attempt 1 starts: x\none\n=== gbroker: job 1 attempt 2 starts: y\ntwo\n")
+    try:
+        assert client.logs(out.id).count("\n") == 4
+        assert client.logs(out.id, attempt=2) == "=== gbroker: job 1 attempt 2 starts: y\ntwo\n"
+        with pytest.raises(SpecError, match="not an array"):
+            client.log_path(out.id, piece=3)
+    finally:
+        Path(path).unlink()
+
+
+def test_job_from_a_summary_and_from_a_detail() -> None:
+    summary = {"id": 7, "key": "gb-0123456789ab", "name": "n", "kind": "other", "owner": "alice", "owner_uid": 1001,
+               "group": "vision", "state": "running", "reason": "", "capacity": "spot", "partition": "spot",
+               "policy": "simple", "reclaims": 1, "failures": 0, "attempts": 2, "slurm_job_id": 12,
+               "deadline": None, "created_at": "2026-10-01T08:00:00Z", "finished_at": None, "age_s": 60}
+    job = Job.from_dict(summary)
+    assert (job.id, job.attempt_count, job.slurm_job_id, job.reclaims, job.pieces) == (7, 2, 12, 1, None)
+    detail = dict(summary, attempts=[{"number": 1, "state": "reclaimed", "slurm_job_id": 11, "lost_s": 30},
+                                     {"number": 2, "state": "running", "slurm_job_id": 12}],
+                  events=[{"at": "2026-10-01T08:00:00Z", "kind": "intent", "message": "m"}], log="/home/a/x.out")
+    job = Job.from_dict(detail)
+    assert job.attempt_count == 2 and job.attempts[0].lost_s == 30 and job.attempts[1].lost_s is None
+    assert job.events[0].kind == "intent" and job.log == "/home/a/x.out"
+    assert job.raw is detail
+
+
+@pytest.mark.parametrize("bad", [None, [], {"name": "no id"}, {"id": "7"}, {"id": True}])
+def test_a_malformed_job_is_refused(bad: Any) -> None:
+    with pytest.raises(DaemonUnavailable, match="malformed"):
+        Job.from_dict(bad)
+
+
+def test_a_piece_log_names_the_pieces_there_are() -> None:
+    job = Job.from_dict({"id": 3, "state": "running", "pieces": {"line": "x"},
+                         "array": {"by_state": {"done": "1-2"}, "pieces": [{"piece": 1, "log": "/a/1.out"}]}})
+    assert job.piece_log(1) == "/a/1.out"
+    with pytest.raises(SpecError) as err:
+        job.piece_log(9)
+    assert "done 1-2" in (err.value.hint or "")
+
+
+def test_attempt_lines_follow_the_start_lines() -> None:
+    assert attempt_of("=== gbroker: job 7 attempt 12 starts: on spot1") == 12
+    assert attempt_of("=== gbroker: job 7 attempt x starts") is None and attempt_of("attempt 2 starts") is None
+    lines = ["before", "=== gbroker: job 7 attempt 1 starts: a", "a1", "=== gbroker: job 7 attempt 2 starts: b",
+             "b1"]
+    assert attempt_lines(lines, None, True) == (lines, True)
+    assert attempt_lines(lines, 1, False) == (lines[1:3], False)
+    assert attempt_lines(lines, 2, False) == (lines[3:], True)
+    assert attempt_lines(["more"], 2, True) == (["more"], True)  # still inside attempt 2
+
+
+def test_ended_is_the_terminal_states() -> None:
+    assert ENDED == {s.value for s in TERMINAL}
+
+
+def test_the_cli_goes_through_the_client_and_prints_the_daemons_json(daemon: tuple[World, Client],
+                                                                    tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+
+    _, client = daemon
+
+    def gb(*args: str) -> str:
+        out = CliRunner().invoke(cli, ["--socket", client.socket_path, *args], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    submitted = json.loads(gb("submit", "--json", "--group", "vision", "--time", "10m", "--", "sleep", "5"))
+    job = client.show(submitted["id"])
+    assert json.loads(gb("show", "--json", str(job.id))) == client.show(job.id).raw
+    assert [j["id"] for j in json.loads(gb("status", "--json"))] == [job.id]
+    shown = gb("show", str(job.id))
+    assert f"Job {job.id}" in shown and "ATTEMPT" in shown and job.attempts[0].state in shown
+    assert gb("cancel", str(job.id)).strip() == f"Job {job.id}: cancelled"
+    assert "No active jobs" in gb("status")
+
+
+def test_records_are_read_only_and_compare_without_their_raw_answer() -> None:
+    a = Cancelled(id=1, state="cancelled", raw={"id": 1})
+    assert a == Cancelled(id=1, state="cancelled", raw={}) != Cancelled(id=2, state="cancelled", raw={})
+    assert repr(a) == "Cancelled(id=1, state='cancelled')"
+    with pytest.raises(AttributeError, match="read-only"):
+        a.state = "running"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field colour"):
+        Cancelled(id=1, state="x", raw={}, colour="red")
+    with pytest.raises(TypeError, match="state is missing"):
+        Cancelled(id=1, raw={})
