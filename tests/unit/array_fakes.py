@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from broker.pieces import parse_pieces
 from broker.errors import SlurmError
 from broker.slurm.backend import ArrayRow, SlurmJob, SubmitRequest
-from ledger_fakes import FakeJob, FakeRun, FakeSlurm
+from broker.jobs.submit import submit
+from ledger_fakes import FakeJob, FakeRun, FakeSlurm, World, caller, setup_lab
 
 
 class FakeArraySlurm(FakeSlurm):
@@ -105,3 +107,19 @@ class FakeArraySlurm(FakeSlurm):
 
     def ended(self) -> list[tuple[int, int, datetime | None]]:
         return [(jid, i, r.end) for jid, i, r, _ in self.ended_runs()]
+
+
+def array_world(db_url: str) -> World:
+    """The ledger tests' world with this fake as its Slurm, and the lab's groups and budget."""
+    w = World(db_url)
+    w.slurm = FakeArraySlurm(w.clock)
+    w.svc.backend = w.slurm
+    setup_lab(w.svc, vision_budget="1000")
+    return w
+
+
+def submit_array(w: World, **kw: Any) -> dict[str, Any]:
+    """alice submits a render array (the fields in ``kw`` added or replaced)."""
+    data = {"name": "frames", "kind": "render", "group": "vision", "time_limit": "10m", "gpus_per_node": 2,
+            "command": ["python3", "render.py"], "workdir": "/tmp", "checkpoint": {"style": "pieces"}, **kw}
+    return submit(w.svc, caller("alice"), data)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from array_fakes import FakeArraySlurm
+from array_fakes import array_world, submit_array
 from broker.db.array_models import ArrayPiece
 from broker.db.ledger_models import Charge, LedgerRun
 from broker.db.store import IllegalTransition
@@ -25,7 +25,7 @@ from broker.slurm.cli_backend import CliBackend
 from broker.slurm.script import ArrayPart, array_lines, render_batch_script
 from broker.spec import parse_spec, spec_from_dict, spec_to_dict
 from broker.states import PIECE_ALLOWED, PIECE_FINAL, PieceState, can_move_piece
-from ledger_fakes import ROOT, World, caller, setup_lab
+from ledger_fakes import ROOT, World, caller
 
 NOW = datetime(2026, 10, 1, 8, 0, tzinfo=UTC)
 
@@ -170,17 +170,7 @@ def test_a_done_piece_never_runs_again() -> None:
 # -- an array on the fake Slurm ------------------------------------------------------------------------
 @pytest.fixture
 def world(db_url: str) -> World:
-    w = World(db_url)
-    w.slurm = FakeArraySlurm(w.clock)
-    w.svc.backend = w.slurm
-    setup_lab(w.svc, vision_budget="1000")
-    return w
-
-
-def submit_array(w: World, **kw: Any) -> dict[str, Any]:
-    data = {"name": "frames", "kind": "render", "group": "vision", "time_limit": "10m", "gpus_per_node": 2,
-            "command": ["python3", "render.py"], "workdir": "/tmp", "checkpoint": {"style": "pieces"}, **kw}
-    return submit(w.svc, caller("alice"), data)
+    return array_world(db_url)
 
 
 def pieces(w: World, job_id: int) -> dict[int, ArrayPiece]:

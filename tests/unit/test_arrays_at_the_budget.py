@@ -10,28 +10,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from array_fakes import FakeArraySlurm
+from array_fakes import array_world, submit_array
 from broker.db.ledger_models import BudgetHold
 from broker.db.models import Event
 from broker.jobs import arrays, lifecycle
 from broker.jobs.handlers import show_job
-from broker.jobs.submit import submit
-from ledger_fakes import ROOT, World, caller, setup_lab
+from ledger_fakes import ROOT, World
 
 
 @pytest.fixture
 def world(db_url: str) -> World:
-    w = World(db_url)
-    w.slurm = FakeArraySlurm(w.clock)
-    w.svc.backend = w.slurm
-    setup_lab(w.svc, vision_budget="1000")
-    return w
-
-
-def submit_array(w: World, **kw: Any) -> dict[str, Any]:
-    data = {"name": "frames", "kind": "render", "group": "vision", "time_limit": "10m", "gpus_per_node": 2,
-            "command": ["python3", "render.py"], "workdir": "/tmp", "checkpoint": {"style": "pieces"}, **kw}
-    return submit(w.svc, caller("alice"), data)
+    return array_world(db_url)
 
 
 def set_budget(w: World, amount: str, **kw: Any) -> None:
