@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from broker.clock import FakeClock  # noqa: E402
 from broker.config import Settings  # noqa: E402
 from broker.slurm.runner import CallCounter, CompletedRun  # noqa: E402
+from dev_daemon import daemon_env, dev_cluster_conf  # noqa: E402
 
 FS, RS = "\x1f", "\x1e"
 
@@ -125,20 +126,10 @@ def _median_walls(commands: dict[str, list[str]], env: dict[str, str], runs: int
 
 
 def bench_submit(runs: int) -> dict[str, float]:
-    devcluster = REPO / "contrib" / "slurm" / "devcluster"
-    if subprocess.run([str(devcluster), "status"], capture_output=True).returncode != 0:
-        subprocess.run([str(devcluster), "up"], check=True)
-    conf = subprocess.run([str(devcluster), "env"], capture_output=True, text=True, check=True).stdout
-    slurm_conf = conf.strip().split("=", 1)[1].strip("'\"")
-    work = Path(tempfile.mkdtemp(prefix="gbroker-bench-"))
-    os.chmod(work, 0o755)
-    (work / "g.toml").write_text("")
-    env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
-               GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"),
-               GBROKER_TICK_SECONDS="5")
-    # Measure the program as installed: with its compiled modules (a PYTHONDONTWRITEBYTECODE
-    # environment would compile every module of every run, gbroker's and click's alike).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    slurm_conf = dev_cluster_conf()
+    # Measure the program as installed: with its compiled modules (daemon_env).
+    work, env = daemon_env("gbroker-bench-", slurm_conf)
+    env["GBROKER_TICK_SECONDS"] = "5"
     sock = str(work / "sock")
     daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level", "WARNING"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

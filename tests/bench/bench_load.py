@@ -24,9 +24,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from dev_daemon import daemon_env, dev_cluster_conf
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITION = "spot"
@@ -96,22 +97,13 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (the daemon submits as the users)")
-    devcluster = REPO / "contrib" / "slurm" / "devcluster"
-    if subprocess.run([str(devcluster), "status"], capture_output=True).returncode != 0:
-        subprocess.run([str(devcluster), "up"], check=True)
-    conf = subprocess.run([str(devcluster), "env"], capture_output=True, text=True, check=True).stdout
-    slurm_conf = conf.strip().split("=", 1)[1].strip("'\"")
-    work = Path(tempfile.mkdtemp(prefix="gbroker-load-"))
-    os.chmod(work, 0o755)
-    (work / "g.toml").write_text("")
+    slurm_conf = dev_cluster_conf()
+    work, env = daemon_env("gbroker-load-", slurm_conf)
     jobs_dir = work / "jobs"
     jobs_dir.mkdir()
     sub = pwd.getpwnam(args.submitter)
     reader = pwd.getpwnam(args.reader)
     os.chown(jobs_dir, sub.pw_uid, sub.pw_gid)
-    env = dict(os.environ, SLURM_CONF=slurm_conf, PYTHONPATH=str(REPO),
-               GBROKER_DB_URL=f"sqlite:///{work}/db.sqlite", GBROKER_CONFIG=str(work / "g.toml"))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     sock = str(work / "sock")
     scontrol = ["scontrol", "update", f"PartitionName={PARTITION}"]
     subprocess.run([*scontrol, "State=DOWN"], env=env, check=True)
