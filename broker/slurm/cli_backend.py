@@ -23,7 +23,7 @@ from broker.slurm.backend import (
     UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest,
 )
 from broker.slurm.hostlist import compress
-from broker.slurm.runner import RunFn, Runner, RunningCommand, clean_env
+from broker.slurm.runner import CompletedRun, RunFn, Runner, RunningCommand, clean_env
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +183,7 @@ class CliBackend(Backend):
             input=req.script,
             cwd=req.workdir if req.user is not None else None,
         )
-        try:
-            return parse.parse_sbatch_parsable(result.stdout)
-        except ValueError as exc:
-            raise SlurmError(str(exc), argv=argv, returncode=0, stderr=result.stderr) from None
+        return _job_id(argv, result)
 
     def start_submit(self, req: SubmitRequest) -> StartedSubmit | None:
         """sbatch as the user, started now, reading its script from stdin when ``finish`` writes it."""
@@ -379,11 +376,15 @@ class _StartedSbatch(StartedSubmit):
         self.argv, self.running = argv, running
 
     def finish(self, script: str) -> int:
-        result = self.running.finish(script)
-        try:
-            return parse.parse_sbatch_parsable(result.stdout)
-        except ValueError as exc:
-            raise SlurmError(str(exc), argv=self.argv, returncode=0, stderr=result.stderr) from None
+        return _job_id(self.argv, self.running.finish(script))
 
     def abort(self) -> None:
         self.running.abort()
+
+
+def _job_id(argv: list[str], result: CompletedRun) -> int:
+    """The job id in sbatch --parsable's answer; an answer without one is Slurm's error."""
+    try:
+        return parse.parse_sbatch_parsable(result.stdout)
+    except ValueError as exc:
+        raise SlurmError(str(exc), argv=argv, returncode=0, stderr=result.stderr) from None
