@@ -103,7 +103,7 @@ def job_page(job: dict[str, Any], user: str, admin: bool) -> str:
               ("deadline", job.get("deadline")), ("submitted", job.get("created_at")),
               ("finished", job.get("finished_at")), ("key", job["key"]), ("log", job.get("log"))]
     if job.get("pieces"):
-        fields.append(("pieces", job["pieces"].get("progress", job["pieces"])))
+        fields.append(("pieces", job["pieces"]["line"]))
     info = table(["field", "value"], [[esc(k), f'<span class="msg">{_opt(v)}</span>'] for k, v in fields])
     attempts = table(
         ["#", "slurm job", "partition", "capacity", "state", "nodes", "submitted", "started", "ended", "exit",

@@ -241,6 +241,14 @@ def test_every_value_users_write_is_escaped(world: World) -> None:
     assert bad.status == 404 and "<script>" not in body(bad)
 
 
+def test_an_arrays_page_shows_its_progress_line() -> None:
+    job = {"id": 7, "name": "frames", "state": "running", "owner": "alice", "group": "vision", "kind": "render",
+           "key": "gb-1", "attempts": [], "events": [],
+           "pieces": {"total": 40, "counts": {"done": 12, "running": 4}, "line": "12/40 done, 4 running"}}
+    page = pages.job_page(job, "alice", False)
+    assert "12/40 done, 4 running" in page and "counts" not in page
+
+
 def test_the_burndown_chart_draws_each_point_and_the_forecast() -> None:
     data = {"semester": "2026-fall", "starts_at": "2026-09-01T00:00:00Z", "ends_at": "2027-01-31T00:00:00Z",
             "now": "2026-10-01T00:00:00Z",
