@@ -196,6 +196,12 @@ class PyslurmBackend(CliBackend):
         for jid in job_ids:
             self._call("Job.cancel", self._ps.Job(int(jid)).cancel)
 
+    def cancel_tasks(self, tasks: Iterable[tuple[int, int]]) -> None:
+        # pyslurm names a job by its number only: a running task by its own, found in the queue.
+        wanted = {(int(a), int(i)) for a, i in tasks}
+        if wanted:
+            self.cancel(j.job_id for j in self.jobs() if (j.array_job_id, j.array_task) in wanted)
+
     def hold(self, job_ids: Iterable[int]) -> None:
         for jid in job_ids:
             self._call("Job.hold", self._ps.Job(int(jid)).hold)

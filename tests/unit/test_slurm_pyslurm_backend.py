@@ -134,3 +134,15 @@ def test_job_control_and_errors(with_pyslurm) -> None:  # type: ignore[no-untype
     with pytest.raises(SlurmUnavailable):
         backend.release([8])
     assert issubclass(SlurmUnavailable, SlurmError)
+
+
+def test_array_tasks_are_cancelled_by_their_own_job_ids(with_pyslurm) -> None:  # type: ignore[no-untyped-def]
+    with_pyslurm((25, 11, 0), "25.11")
+    jobs = sys.modules["pyslurm"].Jobs.load()
+    for own, task in ((20, 1), (21, 2)):
+        jobs[own] = FakeJob(own)
+        jobs[own].array_id, jobs[own].array_task_id = 19, task
+    backend = make_backend("pyslurm")
+    backend.cancel_tasks([(19, 2), (19, 5)])  # task 5 is not in the queue (it ended)
+    backend.cancel_tasks([])
+    assert FAKE_LOG == ["cancel 21"]
