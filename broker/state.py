@@ -87,12 +87,22 @@ class Services:
     """(user, group, partition, nodes, gpus) -> until when Slurm's ``sbatch --test-only`` pass holds."""
     warned: set[tuple[object, ...]] = field(default_factory=set)
     """Warnings already logged once (a missing price is retried every tick, said once)."""
+    reads: sessionmaker[Session] | None = None
+    """Sessions for reading only (``session_factory(readonly=True)``: on SQLite a plain BEGIN, so a
+    read waits for no writer); None: ``sessions``. Never write through them."""
     array_seen: dict[int, int] = field(default_factory=dict)
     """Array job id -> a digest of what the queue showed of its tasks at the last tick that
     settled everything: an array the queue shows the same again is skipped (broker/jobs/arrays.py)."""
 
     def __post_init__(self) -> None:
         self.saves = SaveWatcher(self.files)
+        if self.reads is None:
+            self.reads = self.sessions
+
+    def read(self) -> Session:
+        """A session for reading only (a user's ``status`` does not queue behind submissions)."""
+        assert self.reads is not None  # set in __post_init__
+        return self.reads()
 
     # -- one sbatch per attempt ----------------------------------------------
     def claim_sbatch(self, attempt_id: int) -> bool:

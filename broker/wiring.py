@@ -41,7 +41,8 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
         runner=Runner(default_timeout_s=settings.slurm_timeout_seconds, bin_dir=settings.slurm_bin_dir),
     )
     policy = kwargs.pop("policy", None) or make_policy(settings)
-    return Services(settings=settings, sessions=sessions, backend=backend, policy=policy, **kwargs)
+    return Services(settings=settings, sessions=sessions, reads=session_factory(engine, readonly=True),
+                    backend=backend, policy=policy, **kwargs)
 
 
 def make_policy(settings: Settings) -> policies.Policy:

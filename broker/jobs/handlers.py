@@ -12,7 +12,7 @@ from broker.errors import NotFound, SpecError
 from broker.state import Services, must_get
 from broker.jobs import arrays, lifecycle
 from broker.jobs.placement import pool_table
-from broker.jobs.submit import read_sessions, submit
+from broker.jobs.submit import submit
 from broker.jobs.views import job_detail, job_summary
 from broker.states import TERMINAL, JobState
 
@@ -113,7 +113,7 @@ def list_jobs(
     if all_users:
         caller.require_admin("listing every user's jobs")
     now = svc.clock.now()
-    with read_sessions(svc)() as s:  # a read waits for no submission's transaction
+    with svc.read() as s:  # a read waits for no submission's transaction
         q = select(Job).order_by(Job.id.desc()).limit(limit)
         if not all_users:
             q = q.where(Job.owner_uid == caller.uid)
@@ -123,7 +123,7 @@ def list_jobs(
 
 
 def show_job(svc: Services, caller: Caller, job_id: int) -> dict[str, Any]:
-    with read_sessions(svc)() as s:
+    with svc.read() as s:
         (job,) = _visible(s, caller, [job_id])
         return job_detail(s, job, svc.clock.now())
 

@@ -13,18 +13,15 @@ import json
 import logging
 import re
 import secrets
-import weakref
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
 
 from broker import proc
 from broker.pieces import capped
 from broker.caller import Caller
 from broker.db import store
-from broker.db.engine import SQLITE_BEGIN_OPTION
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.money.admission import admit
@@ -45,24 +42,6 @@ log = logging.getLogger(__name__)
 
 KEY_RE = re.compile(r"^gb-[0-9a-z]{8,40}$")
 """A job key: made by the client (so a retry after a lost answer names the same job) or by the daemon."""
-
-
-_READS: weakref.WeakKeyDictionary[sessionmaker[Session], sessionmaker[Session]] = weakref.WeakKeyDictionary()
-
-
-def read_sessions(svc: Services) -> sessionmaker[Session]:
-    """Sessions for reading only, next to ``svc.sessions``: on SQLite a plain BEGIN, so a read
-    sees the last commit and waits for no writer (``svc.sessions`` begins IMMEDIATE, taking the
-    write lock: a user's ``status`` would queue behind every submission's transaction). Never
-    write through them."""
-    maker = _READS.get(svc.sessions)
-    if maker is None:
-        bind: Any = svc.sessions.kw["bind"]
-        if bind.dialect.name == "sqlite":
-            bind = bind.execution_options(**{SQLITE_BEGIN_OPTION: "BEGIN"})
-        maker = sessionmaker(bind=bind, expire_on_commit=False)
-        _READS[svc.sessions] = maker
-    return maker
 
 
 def new_key() -> str:
@@ -178,7 +157,7 @@ def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, n
             f"Slurm refused the job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
-    with read_sessions(svc)() as s:  # a read: waits for no writer
+    with svc.read() as s:  # a read: waits for no writer
         result = job_summary(s, must_get(s, Job, job_id), now)
     if note:
         result["note"] = note
@@ -197,7 +176,7 @@ def _job_key(key: Any) -> str:
 
 def _already_submitted(svc: Services, caller: Caller, key: str, spec: JobSpec, now: datetime) -> dict[str, Any] | None:
     """The job a retried submission (same key) made the first time, or None for a new key."""
-    with read_sessions(svc)() as s:
+    with svc.read() as s:
         job = store.get_job_by_key(s, key)
         if job is None:
             return None
@@ -309,7 +288,7 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         return None
     committed = False
     try:
-        with read_sessions(svc)() as s:
+        with svc.read() as s:
             job = must_get(s, Job, job_id)
             attempt = must_get(s, Attempt, attempt_id)
             if attempt.slurm_job_id is not None:
