@@ -282,14 +282,8 @@ def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _runs_of(indices: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Sorted indices as runs of consecutive ones."""
-    out: list[tuple[int, int]] = []
-    for i in sorted(indices):
-        if out and i == out[-1][1] + 1:
-            out[-1] = (out[-1][0], i)
-        elif not out or i > out[-1][1]:
-            out.append((i, i))
-    return out
+    """Indices as runs of consecutive ones, in order."""
+    return _merge([(i, i) for i in indices])
 
 
 def _task_runs(expr: str) -> list[tuple[int, int]]:
@@ -428,8 +422,8 @@ def _follow(
             if array_id is not None:
                 gap_rows.extend((item.job.id, n, lo, hi) for lo, hi in _gaps(listed.runs(array_id)))
         # A started task's piece, stored as waiting, in whichever batch (the queue decides below).
-        alone = sorted({i for (a, i), (_p, t) in listed.alone.items() if listed.get(a, i) is t})
-        alone_rows.extend((item.job.id, 0, lo, hi) for lo, hi in _runs_of(tuple(alone)))
+        alone = tuple(i for (a, i), (_p, t) in listed.alone.items() if listed.get(a, i) is t)
+        alone_rows.extend((item.job.id, 0, lo, hi) for lo, hi in _runs_of(alone))
     numbers = {item.job.id: number for item, number, _ in follow}
     for chunk in _chunks(gap_rows):
         sql, params = _with_listed(_PENDING_IN_GAPS, chunk)
