@@ -48,6 +48,8 @@ class Daemon:
         if not isinstance(self.services.backend, CountingBackend):
             self.services.backend = CountingBackend(self.services.backend, self.stats)  # type: ignore[assignment]
         self.nodes = NodeManager(self.services)
+        self.handlers = handlers(self.services, self.nodes)
+        """The operations, one table for the socket and the dashboard."""
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.stopping = threading.Event()
         self.reload_asked = threading.Event()
@@ -97,7 +99,7 @@ class Daemon:
         if metrics.enabled:
             # Bound first: a port in use stops the start before the lease is taken, and a daemon
             # waiting for the lease (--wait) answers /readyz with "not ready" meanwhile.
-            web = Dashboard(self.services, handlers(self.services, self.nodes),
+            web = Dashboard(self.services, self.handlers,
                             lambda uid: caller_for_uid(uid, self.settings.admin_group))
             self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port, web=web)
             self.ops.start()
@@ -126,7 +128,7 @@ class Daemon:
             max_instances=1,
             coalesce=True,
         )
-        self.server = ApiServer(self.settings.socket, handlers(self.services, self.nodes), self.settings.admin_group)
+        self.server = ApiServer(self.settings.socket, self.handlers, self.settings.admin_group)
         self.server.serve_in_thread()
         watchdog = systemd.watchdog_interval()
         if watchdog is not None:
