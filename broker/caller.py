@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import PermissionDenied
+from broker.errors import PermissionDenied, SpecError
 
 
 @dataclass(frozen=True)
@@ -34,3 +34,27 @@ class Caller:
 
 Handler = Callable[[Caller, dict[str, Any]], Any]
 """A socket operation: (caller, arguments) -> the JSON-able answer."""
+
+
+# -- argument checks: every value a request carries is checked before use ---------------------
+def only_args(args: dict[str, Any], op: str, *allowed: str) -> None:
+    """Refuse a request argument the operation does not know (nothing a client sends is ignored)."""
+    extra = sorted(set(args) - set(allowed))
+    if extra:
+        raise SpecError(f"{op}: unknown argument {', '.join(repr(e)[:40] for e in extra[:5])}",
+                        hint="client and daemon versions may differ")
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{name}: expected true or false, got {str(value)[:40]!r}")
+    return value
+
+
+def int_arg(value: Any, name: str, lo: int, hi: int) -> int:
+    """A whole number from lo to hi (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{name}: expected a whole number, got {str(value)[:40]!r}")
+    if not lo <= value <= hi:
+        raise SpecError(f"{name}: must be between {lo} and {hi}, got {str(value)[:40]}")
+    return value

@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from broker.caller import Caller, Handler
+from broker.caller import Caller, Handler, bool_arg, int_arg, only_args
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
 from broker.state import Services, must_get
@@ -26,28 +26,28 @@ def handlers(svc: Services) -> dict[str, Handler]:
     """The job operations: ping, submit, list, show, cancel, log..."""
 
     def ping(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "ping")
+        only_args(args, "ping")
         return {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin}
 
     def do_submit(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "submit", "spec", "key")
+        only_args(args, "submit", "spec", "key")
         return submit(svc, caller, args.get("spec"), args.get("key"))
 
     def do_list(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "list", "active", "all_users", "limit")
+        only_args(args, "list", "active", "all_users", "limit")
         return list_jobs(
             svc, caller,
-            active=_bool(args.get("active", True), "active"),
-            all_users=_bool(args.get("all_users", False), "all_users"),
-            limit=_int_in(args.get("limit", 200), "limit", 1, MAX_LIST),
+            active=bool_arg(args.get("active", True), "active"),
+            all_users=bool_arg(args.get("all_users", False), "all_users"),
+            limit=int_arg(args.get("limit", 200), "limit", 1, MAX_LIST),
         )
 
     def do_show(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "show", "job_id")
+        only_args(args, "show", "job_id")
         return show_job(svc, caller, _job_id(args.get("job_id")))
 
     def do_cancel(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "cancel", "job_ids")
+        only_args(args, "cancel", "job_ids")
         raw = args.get("job_ids")
         if not isinstance(raw, list):
             raise SpecError(f"job_ids: expected a list of job numbers, got {type(raw).__name__}")
@@ -57,7 +57,7 @@ def handlers(svc: Services) -> dict[str, Handler]:
         return cancel_jobs(svc, caller, [_job_id(j) for j in raw])
 
     def do_pools(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "pools")
+        only_args(args, "pools")
         return {"pools": pool_table(svc), "catalog": bool(svc.settings.pools)}
 
     return {"ping": ping, "submit": do_submit, "list": do_list, "show": do_show, "cancel": do_cancel,
@@ -65,27 +65,6 @@ def handlers(svc: Services) -> dict[str, Handler]:
 
 
 # -- argument checks: every value a request carries is checked before use ---------------------
-def _only(args: dict[str, Any], op: str, *allowed: str) -> None:
-    extra = sorted(set(args) - set(allowed))
-    if extra:
-        raise SpecError(f"{op}: unknown argument {', '.join(repr(e)[:40] for e in extra[:5])}",
-                        hint="client and daemon versions may differ")
-
-
-def _bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(f"{name}: expected true or false, got {str(value)[:40]!r}")
-    return value
-
-
-def _int_in(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{name}: expected a whole number, got {str(value)[:40]!r}")
-    if not lo <= value <= hi:
-        raise SpecError(f"{name}: must be between {lo} and {hi}, got {str(value)[:40]}")
-    return value
-
-
 def _job_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"job_id: expected a job number, got {str(value)[:40]!r}")

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from broker.caller import Caller, Handler
+from broker.caller import Caller, Handler, bool_arg, int_arg, only_args
 from broker.db.web_models import WebToken
 from broker.errors import NotFound, SpecError
 from broker.state import Services
@@ -163,45 +163,27 @@ def revoke(svc: Services, caller: Caller, token_id: int) -> dict[str, Any]:
         return token_dict(row, now)
 
 
-def _only(args: dict[str, Any], op: str, *allowed: str) -> None:
-    extra = sorted(set(args) - set(allowed))
-    if extra:
-        raise SpecError(f"{op}: unknown argument {', '.join(repr(e)[:40] for e in extra[:5])}",
-                        hint="client and daemon versions may differ")
-
-
-def _whole(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{name}: expected a whole number, got {str(value)[:40]!r}")
-    if not lo <= value <= hi:
-        raise SpecError(f"{name}: must be between {lo} and {hi}, got {value}")
-    return value
-
-
 def handlers(svc: Services) -> dict[str, Handler]:
     """token_mint, token_list, token_revoke: the caller is the kernel's, every argument is checked."""
 
     def do_mint(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "token_mint", "ttl_s", "note")
+        only_args(args, "token_mint", "ttl_s", "note")
         ttl = args.get("ttl_s", DEFAULT_TTL_S)
         if isinstance(ttl, int) and not isinstance(ttl, bool) and not MIN_TTL_S <= ttl <= MAX_TTL_S:
             raise SpecError(f"--ttl: a token lives between 1 minute and 30 days, not {ttl} s",
                             hint="e.g. --ttl 12h (the default) or --ttl 7d")
-        ttl = _whole(ttl, "ttl_s", MIN_TTL_S, MAX_TTL_S)
+        ttl = int_arg(ttl, "ttl_s", MIN_TTL_S, MAX_TTL_S)
         note = args.get("note", "")
         if not isinstance(note, str) or len(note) > NOTE_LEN or any(not c.isprintable() for c in note):
             raise SpecError(f"--note: at most {NOTE_LEN} printable characters")
         return mint(svc, caller, ttl, note)
 
     def do_list(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "token_list", "all_users")
-        all_users = args.get("all_users", False)
-        if not isinstance(all_users, bool):
-            raise SpecError("all_users: expected true or false")
-        return list_tokens(svc, caller, all_users)
+        only_args(args, "token_list", "all_users")
+        return list_tokens(svc, caller, bool_arg(args.get("all_users", False), "all_users"))
 
     def do_revoke(caller: Caller, args: dict[str, Any]) -> Any:
-        _only(args, "token_revoke", "token_id")
-        return revoke(svc, caller, _whole(args.get("token_id"), "token_id", 1, 2**31 - 1))
+        only_args(args, "token_revoke", "token_id")
+        return revoke(svc, caller, int_arg(args.get("token_id"), "token_id", 1, 2**31 - 1))
 
     return {"token_mint": do_mint, "token_list": do_list, "token_revoke": do_revoke}
