@@ -218,7 +218,8 @@ class Backend(abc.ABC):
     def jobs(
         self, job_ids: Iterable[int] | None = None, name_prefix: str | None = None
     ) -> list[SlurmJob]:
-        """Jobs the controller knows, in one call; filters apply in Python."""
+        """Jobs the controller knows, in one call; filters apply in Python. A job array's id in
+        ``job_ids`` selects all its tasks' rows (a running task is listed under its own id)."""
 
     @abc.abstractmethod
     def history(

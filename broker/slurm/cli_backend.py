@@ -227,7 +227,7 @@ class CliBackend(Backend):
         jobs = parse.parse_squeue(out)
         if job_ids is not None:
             wanted = set(job_ids)
-            jobs = [j for j in jobs if j.job_id in wanted]
+            jobs = [j for j in jobs if j.job_id in wanted or j.array_job_id in wanted]
         if name_prefix is not None:
             jobs = [j for j in jobs if j.name.startswith(name_prefix)]
         return jobs

@@ -141,7 +141,7 @@ class PyslurmBackend(CliBackend):
         wanted = set(job_ids) if job_ids is not None else None
         out: list[SlurmJob] = []
         for job in loaded.values():
-            if wanted is not None and job.id not in wanted:
+            if wanted is not None and job.id not in wanted and getattr(job, "array_id", None) not in wanted:
                 continue
             name = job.name or ""
             if name_prefix is not None and not name.startswith(name_prefix):

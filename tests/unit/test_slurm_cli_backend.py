@@ -136,6 +136,12 @@ def test_time_limits_round_up_to_whole_minutes() -> None:
     assert [time_limit_minutes(s) for s in (1, 60, 61, 3600)] == [1, 1, 2, 60]
 
 
+def test_an_array_id_selects_every_row_of_its_tasks() -> None:
+    b, _ = backend(squeue=(DATA / "arrays.squeue.txt").read_text())  # array 91: tasks under their own ids
+    assert sorted(j.job_id for j in b.jobs(job_ids=[91])) == [91, 92, 94, 95, 96, 97]
+    assert [j.job_id for j in b.jobs(job_ids=[95])] == [95]
+
+
 def test_queries_run_in_utc_with_standard_times_and_no_format_overrides() -> None:
     b, fake = backend()
     b.jobs()
