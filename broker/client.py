@@ -125,8 +125,16 @@ def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: boo
                 hint="ask an admin to make the socket world-connectable (mode 0666)",
             ) from None
         try:
-            sock.sendall(payload)
-            reply = _read_line(sock)
+            try:
+                sock.sendall(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon closed before reading: it refuses a connection over its limits
+                # with an answer ("busy") and no read. That answer is still in our queue.
+                sock.settimeout(1.0)
+                if not (reply := _read_line(sock)):
+                    raise
+            else:
+                reply = _read_line(sock)
         except TimeoutError:
             raise _LostAnswer(f"no answer within {timeout:.0f} s") from None
         except OSError as exc:

@@ -135,8 +135,11 @@ def test_metrics_after_a_reclaim_health_and_a_webhook_down_across_a_restart(slur
         d.wait_job(job["id"], lambda j: j["state"] == "completed", timeout=300)
 
         # (a) The scrape: the counters moved.
-        text = wait_for("reclaim counted", lambda: (m := get(port, "/metrics")[1])
-                        and sample(m, "gbroker_reclaims_total") >= 1 and m, 30, d)
+        # The notify tick (every 0.5 s) turns the job's events into outbox rows after the job ends, so
+        # the scrape is awaited until both are there.
+        text = wait_for("reclaim counted, both notices queued", lambda: (m := get(port, "/metrics")[1])
+                        and sample(m, "gbroker_reclaims_total") >= 1
+                        and sample(m, "gbroker_outbox_messages", state="pending") >= 2 and m, 30, d)
         assert sample(text, "gbroker_tick_duration_seconds_count", tick="reconcile") > sample(
             before, "gbroker_tick_duration_seconds_count", tick="reconcile")
         assert sample(text, "gbroker_slurm_calls_total", call="jobs") > sample(

@@ -193,3 +193,40 @@ def test_records_are_read_only_and_compare_without_their_raw_answer() -> None:
         Cancelled(id=1, state="x", raw={}, colour="red")
     with pytest.raises(TypeError, match="state is missing"):
         Cancelled(id=1, raw={})
+
+
+def test_a_busy_answer_given_before_the_request_was_read_is_retried(tmp_path: Path) -> None:
+    """A daemon over its limits answers "busy" and closes without reading, so the request's send can
+    fail (broken pipe) with the answer already waiting: the client reads it and tries again."""
+    import json
+    import socket
+    import threading
+
+    from broker.client import call
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="gb-busy-"))
+    path = str(sock_dir / "s.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(4)
+    seen: list[str] = []
+
+    def serve() -> None:
+        first, _ = srv.accept()  # busy: answered and closed with nothing read
+        first.sendall(b'{"ok": false, "error": {"type": "Busy", "message": "busy", "hint": "", "exit_code": 75}}\n')
+        first.close()
+        second, _ = srv.accept()
+        with second, second.makefile("rb") as f:
+            seen.append(json.loads(f.readline())["op"])
+            second.sendall(b'{"ok": true, "result": {"uid": 7}}\n')
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        # Larger than the socket's buffer, so the send is still going when the daemon closes.
+        assert call(path, "whoami", timeout=10, pad="x" * 1_500_000) == {"uid": 7}
+        assert seen == ["whoami"]
+    finally:
+        t.join(10)
+        srv.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
