@@ -93,12 +93,15 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
             check_after(s, caller.uid, caller.is_admin, spec.after)
     preflight(svc, caller, spec, partition, Capacity(capacity))
     log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
+    def first_request(job_id: int) -> SubmitRequest:
+        return request_for(spec, job_id=job_id, key=key, attempt_number=1, partition=partition,
+                           capacity=Capacity(capacity), owner_name=caller.name, log_path=log_path,
+                           gres_type=gres_type_for(spec, pool))
+
     early: Early | None = None
     try:
         if not spec.after and not spec.is_array:
-            early = start_sbatch(svc, request_for(
-                spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
-                owner_name=caller.name, log_path=log_path, gres_type=gres_type_for(spec, pool)))
+            early = start_sbatch(svc, first_request(0))
         try:
             job_id, attempt_id, note = _store_intent(svc, caller, spec, key, capacity, partition, placed_by,
                                                      log_path, now)
@@ -106,7 +109,9 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
             svc.files.remove(caller.name, log_path)  # refused after all: leave nothing behind
             raise
         svc.crash.reach("after_intent")
-        return _submit_stored(svc, spec, job_id, attempt_id, note, now, early)
+        plain = not spec.after and not spec.is_array
+        return _submit_stored(svc, spec, job_id, attempt_id, note, now, early,
+                              first_request(job_id) if plain else None)
     finally:
         if early is not None:
             early[1].abort()  # not given its script (refused, or the request changed): nothing is queued
@@ -127,8 +132,10 @@ def start_sbatch(svc: Services, request: SubmitRequest) -> Early | None:
 
 
 def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, note: str, now: datetime,
-                   early: Early | None) -> dict[str, Any]:
-    """Submit a stored job's first attempt (or leave a chain to the tick); the submit answer."""
+                   early: Early | None, request: SubmitRequest | None) -> dict[str, Any]:
+    """Submit a stored job's first attempt (or leave a chain to the tick); the submit answer.
+
+    ``request``: a plain job's first sbatch request, made from the spec in hand."""
     if spec.after:
         # A chain: the tick submits it once every job it waits for has completed (broker/jobs/chains.py).
         svc.sbatch_finished(arrays.claim_id(-attempt_id) if spec.is_array else attempt_id, committed=False)
@@ -139,11 +146,13 @@ def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, n
         result["note"] = why or "submitted at the next tick"
         result["slurm_job_id"] = None
         return result
+    answer: dict[str, Any] = {}
     try:
         if spec.is_array:
             slurm_id = sbatch_batch(svc, job_id, -attempt_id, claimed=True)
         else:
-            slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True, early=early)
+            slurm_id = sbatch_attempt(svc, job_id, attempt_id, claimed=True, early=early, request=request,
+                                      summary_into=answer, now=now)
     except SlurmUnavailable as exc:
         slurm_id = None
         note = "Slurm is unreachable right now; the job is stored and will be submitted when it answers"
@@ -157,8 +166,11 @@ def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, n
             f"Slurm refused the job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account) and the partition; job {job_id} is recorded as failed",
         ) from None
-    with svc.read() as s:  # a read: waits for no writer
-        result = job_summary(s, must_get(s, Job, job_id), now)
+    if answer:
+        result = answer  # made in the transaction that stored the Slurm job id
+    else:
+        with svc.read() as s:  # a read: waits for no writer
+            result = job_summary(s, must_get(s, Job, job_id), now)
     if note:
         result["note"] = note
     result["slurm_job_id"] = slurm_id
@@ -270,7 +282,8 @@ def log_path_of(job: Job) -> str:
 
 
 def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool = False,
-                   early: Early | None = None) -> int | None:
+                   early: Early | None = None, request: SubmitRequest | None = None,
+                   summary_into: dict[str, Any] | None = None, now: datetime | None = None) -> int | None:
     """sbatch one stored attempt (state SUBMITTING) and record the Slurm job id.
 
     Exactly one caller sbatches an attempt: the submit that stored it (which
@@ -279,7 +292,10 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
 
     ``early``: an sbatch the submit started before storing the intent; it gets the
     script when it was started for exactly this request, else it is aborted and
-    sbatch runs as usual.
+    sbatch runs as usual. ``request``: the attempt's request, when the caller (the
+    submit that just stored the attempt) has it, so it is not read back and made
+    again. ``summary_into``: filled with the job's summary (as of ``now``) in the
+    transaction that records the Slurm job id.
 
     Raises SlurmUnavailable (the attempt stays SUBMITTING, to be adopted or
     retried by the reconcile tick) or SlurmError.
@@ -288,12 +304,13 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         return None
     committed = False
     try:
-        with svc.read() as s:
-            job = must_get(s, Job, job_id)
-            attempt = must_get(s, Attempt, attempt_id)
-            if attempt.slurm_job_id is not None:
-                return attempt.slurm_job_id  # already in Slurm (an earlier sbatch was committed)
-            request = build_request(svc, job, attempt, stored_spec(job))
+        if request is None:
+            with svc.read() as s:
+                job = must_get(s, Job, job_id)
+                attempt = must_get(s, Attempt, attempt_id)
+                if attempt.slurm_job_id is not None:
+                    return attempt.slurm_job_id  # already in Slurm (an earlier sbatch was committed)
+                request = build_request(svc, job, attempt, stored_spec(job))
         if early is not None and replace(early[0], script=request.script) == request:
             slurm_id = early[1].finish(request.script)
         else:
@@ -301,10 +318,13 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
                 early[1].abort()
             slurm_id = svc.backend.submit(request)
         svc.crash.reach("after_sbatch")
-        now = svc.clock.now()
+        at = svc.clock.now()
         with svc.tx() as s:
             job = must_get(s, Job, job_id)
-            wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, now)
+            wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, at)
+            if summary_into is not None:
+                s.flush()
+                summary_into.update(job_summary(s, job, now or at))
         committed = True
     finally:
         svc.sbatch_finished(attempt_id, committed=committed)
