@@ -43,8 +43,25 @@ def cost_micros(price_micros_per_hour: int, seconds: int, units: int = 1) -> int
     return q
 
 
-def format_money(micros: int, currency: str = "$") -> str:
-    """1234567890 -> '$1,234.57' (rounded to cents for display only)."""
+_shown_as = "$"
+"""How money is written: the lab's currency (``currency`` in the settings; see ``show_in``)."""
+
+
+def currency_prefix(code: str) -> str:
+    """``$`` for USD, else the ISO code and a space (``EUR 1,234.50``)."""
+    return "$" if code == "USD" else f"{code} "
+
+
+def show_in(code: str) -> None:
+    """Write money in ``code`` from now on (the daemon calls it with its settings, and again on SIGHUP)."""
+    global _shown_as
+    _shown_as = currency_prefix(code)
+
+
+def format_money(micros: int, currency: str | None = None) -> str:
+    """1234567890 -> '$1,234.57' (rounded to cents for display only).
+
+    ``currency``: a prefix to write instead of the lab's currency."""
     sign = "-" if micros < 0 else ""
     cents = (abs(micros) + 5_000) // 10_000
-    return f"{sign}{currency}{cents // 100:,}.{cents % 100:02d}"
+    return f"{sign}{_shown_as if currency is None else currency}{cents // 100:,}.{cents % 100:02d}"

@@ -17,6 +17,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from broker import amount
 from broker.api import ApiServer, caller_for_uid
 from broker.config import MIGRATE_HINT, Settings
 from broker.db.engine import check_private
@@ -168,6 +169,7 @@ class Daemon:
         merged = reload_settings(self.settings, lambda: load_settings(self.config_path, overrides=self.overrides))
         self.settings = merged
         self.services.settings = merged
+        amount.show_in(merged.currency)
         systemd.notify("READY=1")
 
     def stop(self, *_: Any) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import policies
+from broker import amount
 from broker.config import Settings
 from broker.db.engine import make_engine, session_factory
 from broker.caller import Handler
@@ -34,6 +35,7 @@ Tick = tuple[str, Callable[[], object], float]
 
 
 def build_services(settings: Settings, **kwargs: Any) -> Services:
+    amount.show_in(settings.currency)
     engine = make_engine(settings.db_url)
     sessions = session_factory(engine)
     backend = kwargs.pop("backend", None) or make_backend(

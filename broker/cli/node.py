@@ -21,7 +21,6 @@ import click
 from broker.cli.main import Context
 from broker.cli.output import duration, print_json, print_table
 from broker.errors import DaemonUnavailable, SlurmError
-from broker.amount import format_money
 
 pass_ctx = click.make_pass_decorator(Context)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -137,7 +136,7 @@ def node_list(ctx: Context, as_json: bool) -> None:
     print_table(
         [
             (r["node"], ",".join(r["partitions"]), r["state"], r["capacity"],
-             "" if r["price_micros"] is None else format_money(r["price_micros"]) + "/h",
+             r.get("price", ""),
              duration(r["billed_s"]) if r["resumed_at"] else "", (r["idle_since"] or "")[11:19],
              ",".join(r["users"]), r["note"] or r["reason"])
             for r in rows

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from broker.amount import format_money
 from broker.db.node_models import SOURCE_HOOK, SOURCE_JOURNAL, SOURCE_OBSERVED, USAGE_BUSY, USAGE_IDLE
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.nodes.providers import hooks
@@ -518,6 +519,7 @@ class NodeManager:
                     "node": name, "partitions": info.partitions, "state": info.state_raw,
                     "power": power_of(info).value, "capacity": self.settings.node_capacity(part),
                     "gpus": info.gpus, "price_micros": sess.price_micros if sess and sess.price_known else None,
+                    "price": f"{format_money(sess.price_micros)}/h" if sess and sess.price_known else "",
                     "resumed_at": sess.resumed_at.isoformat() if sess else None,
                     "billed_s": int((at - sess.resumed_at).total_seconds()) if sess else 0,
                     "idle_since": cur.started_at.isoformat() if cur and cur.state == USAGE_IDLE else None,

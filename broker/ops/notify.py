@@ -29,7 +29,7 @@ from broker.db.models import Event, Job
 from broker.db.ops_models import NotifyCursor, OutboxMessage
 from broker.jobs.submit import stored_spec
 from broker.money import budgets
-from broker.amount import format_money
+from broker.amount import currency_prefix, format_money
 from broker.opsconfig import NotifySettings
 from broker.state import Services
 from broker.states import ACTIVE
@@ -46,7 +46,7 @@ def iso(dt: datetime) -> str:
 
 def money_text(micros: int, currency: str) -> str:
     """``$1,234.50`` for USD (as the CLI writes it), else ``EUR 1,234.50``."""
-    return format_money(micros) if currency == "USD" else format_money(micros, currency=f"{currency} ")
+    return format_money(micros, currency=currency_prefix(currency))
 
 
 def classify(ev: Event) -> list[str]:

@@ -212,6 +212,24 @@ def test_money_in_notifications_names_the_lab_currency() -> None:
     assert money_text(60_000, "EUR") == "EUR 0.06"
 
 
+def test_the_lab_currency_is_how_the_daemon_writes_every_amount(world: World, tmp_path: Path) -> None:
+    """build_services takes the currency from the settings; every amount the daemon writes uses it."""
+    from broker import amount
+    from broker.wiring import build_services
+    from ledger_fakes import ROOT
+
+    try:
+        build_services(replace(world.svc.settings, currency="EUR", db_url=f"sqlite:///{tmp_path / 'eur.db'}",
+                               slurm_backend="cli"))
+        budgets = world.ops()["budget_list"](ROOT, {})["budgets"]
+        assert [(b["amount"], b["left"]) for b in budgets] == [("EUR 100.00", "EUR 100.00")] * 2
+        assert world.ops()["report"](ROOT, {})["total"]["spend"] == "EUR 0.00"
+        amount.show_in("USD")
+        assert world.ops()["report"](ROOT, {})["total"]["spend"] == "$0.00"
+    finally:
+        amount.show_in("USD")
+
+
 def test_deadline_at_risk_is_told_once(world: World) -> None:
     hook = Hook()
     with_notify(world, hook.url)
