@@ -4,7 +4,10 @@
 submit 1,000 jobs in all to a real daemon on the dev cluster, as fast as the
 daemon answers; meanwhile a process as bob asks for his `status` every 20 ms.
 It prints submissions per second, submit p50/p99, status p50/p99 and the load
-average. Targets (issue 17): >= 100 submissions/s, status p99 < 0.2 s.
+average. Targets (issue 17): >= 100 submissions/s, status p99 < 0.2 s. First,
+as the floor, the same number of plain sbatch calls by as many processes as
+the same user, timed in the same run (gbroker submits each job with sbatch, as
+its user, so it cannot beat that rate).
 
 The cluster stays sane: the partition the jobs go to is set DOWN for the run
 (Slurm queues jobs there and starts none, so no node powers up), and every job
@@ -50,6 +53,20 @@ for _ in range(n):
 print(json.dumps({"lat": out, "end": time.time()}))
 """
 
+SBATCH = r"""
+import os, subprocess, sys, time
+n, start_at, partition, workdir = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+argv = ["sbatch", "--parsable", "-p", partition, "-A", "vision", "-t", "5", "-J", "load-floor",
+        "-o", "/dev/null", "-D", workdir]
+while time.time() < start_at:
+    time.sleep(0.001)
+for _ in range(n):
+    subprocess.run(argv, input="#!/bin/sh\ntrue\n", text=True, check=True, capture_output=True)
+print(time.time())
+"""
+"""The floor: the same number of plain sbatch calls by the same number of processes as the same user
+(what any broker that submits each job through sbatch, as its user, cannot beat on this machine)."""
+
 STATUS = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -87,6 +104,24 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def sbatch_floor(args: argparse.Namespace, env: dict[str, str], sub: pwd.struct_passwd, workdir: str) -> float:
+    """Submissions per second of plain sbatch, as many jobs by as many processes; they are cancelled after."""
+    start_at = time.time() + 1.0
+    per = [args.jobs // args.clients + (1 if i < args.jobs % args.clients else 0) for i in range(args.clients)]
+    procs = [subprocess.Popen([sys.executable, "-c", SBATCH, str(n), str(start_at), PARTITION, workdir], env=env,
+                              stdout=subprocess.PIPE, text=True, cwd="/", user=sub.pw_uid, group=sub.pw_gid,
+                              extra_groups=[])
+             for n in per]
+    ends = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise SystemExit(f"plain sbatch failed (exit {p.returncode})")
+        ends.append(float(out))
+    subprocess.run(["scancel", "-u", args.submitter, "-p", PARTITION, "-n", "load-floor"], env=env)
+    return args.jobs / (max(ends) - start_at)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1000)
@@ -117,6 +152,8 @@ def main() -> None:
                 break
             time.sleep(0.05)
         time.sleep(0.5)
+        floor_rate = sbatch_floor(args, env, sub, str(jobs_dir))
+        time.sleep(1.0)
         load_before = os.getloadavg()
         ctld = slurmctld_pid(slurm_conf)
         cpu_before = (cpu_s(daemon.pid), cpu_s(ctld) if ctld else 0.0, os.times(), cpu_s(daemon.pid, children=False))
@@ -152,6 +189,8 @@ def main() -> None:
         status_lat = json.loads(status_out)["lat"]
         print(f"{len(lat)} submissions by {args.clients} clients ({args.submitter}) in {wall:.2f} s: "
               f"{len(lat) / wall:.1f} submissions/s")
+        print(f"  floor: {args.jobs} plain sbatch calls by {args.clients} processes ({args.submitter}), same "
+              f"partition: {floor_rate:.1f} /s; gbroker {len(lat) / wall / floor_rate:.2f} of it")
         print(f"  submit  p50 {statistics.median(lat) * 1000:7.1f} ms   p99 {pct(lat, 0.99) * 1000:7.1f} ms   "
               f"max {max(lat) * 1000:7.1f} ms")
         print(f"  status ({args.reader}, {len(status_lat)} calls)  p50 {statistics.median(status_lat) * 1000:7.1f} ms"
