@@ -19,7 +19,8 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
+from sqlalchemy.orm.attributes import set_committed_value
 
 from broker.db.engine import default_db_url, make_engine, session_factory
 from broker.db.models import Attempt, Event, Job, Lease
@@ -180,9 +181,6 @@ def create_job(
     ON CONFLICT DO NOTHING, and the loser reads the winner's row.
     """
     text = spec_json(spec)
-    existing = get_job_by_key(session, key)
-    if existing is not None:
-        return check_same_request(existing, owner_uid, text)
     values: dict[str, Any] = {
         "key": key, "owner_uid": owner_uid, "owner_name": owner_name, "group_name": spec.group,
         "name": spec.name, "kind": spec.kind, "spec_json": text, "state": state,
@@ -201,8 +199,10 @@ def create_job(
         return check_same_request(raced, owner_uid, text)
     add_event(session, "created", f"job {key} created as {state.value}", now=now, job_id=new_id,
               data={"key": key, "owner_uid": owner_uid, "state": state.value})
-    job = session.get(Job, new_id)
+    # A new job has no attempts: its list is not loaded (one query fewer on every submission).
+    job = session.get(Job, new_id, options=[lazyload(Job.attempts)])
     assert job is not None
+    set_committed_value(job, "attempts", [])
     return job
 
 
