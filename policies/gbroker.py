@@ -89,6 +89,47 @@ from policies.rules import (
 MIN_WINDOWS = 8
 """Observed windows (all pools together) before their share shorter than a proof is trusted."""
 
+WINDOW_FEATURES = (
+    "log1p(age / d)",
+    "log1p(previous window / d)",
+    "log1p(mean of the last 3 windows / d)",
+    "log1p(previous outage / d)",
+    "share of all pools' windows longer than the age that lasted 3 d beyond it",
+    "other pools up",
+    "log1p(oldest other window / d)",
+    "uptime share",
+)
+"""What the window predictor sees of a pool with spot (``window_features``)."""
+
+WINDOW_MODEL: tuple[float, ...] = ()
+"""Logistic regression of "this window lasts 3 more changeovers" on
+``WINDOW_FEATURES``: intercept, then one coefficient per feature."""
+
+
+def window_features(market: MarketView, others: Sequence[MarketView], d: int) -> list[float]:
+    """The predictor's inputs for one pool with spot, in changeovers (``WINDOW_FEATURES``)."""
+    age = (market.spot_up_s or 0) / d
+    ws = market.spot_windows_s
+    outs = market.spot_outages_s
+    prev = ws[-1] / d if ws else 3.0
+    last3 = ws[-3:]
+    prev3 = sum(last3) / len(last3) / d if last3 else 3.0
+    pout = outs[-1] / d if outs else 1.0
+    every = [x for m in (*others, market) for x in m.spot_windows_s]
+    longer = [x for x in every if x > age * d]
+    surv = (sum(x - age * d >= 3 * d for x in longer) + 1) / (len(longer) + 2)
+    nup = sum(1 for m in others if (m.spot_up_s or 0) > 0)
+    oage = max([(m.spot_up_s or 0) / d for m in others] + [0.0])
+    up = market.spot_uptime_fraction if market.spot_uptime_fraction is not None else 0.5
+    return [math.log1p(age), math.log1p(prev), math.log1p(prev3), math.log1p(pout), surv, float(nup),
+            math.log1p(oage), up]
+
+
+def window_lasts(model: Sequence[float], market: MarketView, others: Sequence[MarketView], d: int) -> float:
+    """Predicted chance that the pool's current window lasts 3 more changeovers."""
+    z = model[0] + sum(w * x for w, x in zip(model[1:], window_features(market, others, d), strict=True))
+    return 1 / (1 + math.exp(-max(-30.0, min(30.0, z))))
+
 
 @register
 class GBrokerPolicy(GBrokerMarkovPolicy):
@@ -115,6 +156,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_old_ratio: float | None = 0.2,
         pool_old_changeovers: float = 2.0,
         pool_old_short_share: float = 0.6,
+        pool_predict: float | None = None,
+        pool_model: Sequence[float] | str | None = None,
+        pool_predict_choice: bool = False,
+        pool_predict_veto: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -128,6 +173,12 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_old_ratio = None if pool_old_ratio is None else share(pool_old_ratio)
         self.pool_old_changeovers = pool_old_changeovers
         self.pool_old_short_share = pool_old_short_share
+        self.pool_predict = pool_predict
+        if isinstance(pool_model, str):  # "a:b:c", as the benchmarks' comma-separated policy lists allow
+            pool_model = [float(x) for x in pool_model.split(":")]
+        self.pool_model = tuple(WINDOW_MODEL if pool_model is None else pool_model)
+        self.pool_predict_choice = pool_predict_choice
+        self.pool_predict_veto = pool_predict_veto
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -233,6 +284,18 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
+        if self.pool_predict is not None and self.pool_model and job.changeover_s > 0:
+            if self._proof_needed(job, markets, markets[best], prove):
+                d = job.changeover_s
+                p = {j: window_lasts(self.pool_model, markets[j], [m for i, m in enumerate(markets) if i != j], d)
+                     for j in up}
+                pick = max(up, key=lambda j: (p[j], markets[j].spot_up_s or 0, -j))
+                if p[pick] >= self.pool_predict and (
+                        self.pool_predict_veto is None or age < prove or p[pick] >= self.pool_predict_veto):
+                    return PoolPlacement(Capacity.SPOT, pick, "spot back, its window likely to last: spot")
+                if age >= prove and (self.pool_predict_veto is None or p[best] >= self.pool_predict_veto):
+                    return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
+                return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window likely to last: stay on on-demand")
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
@@ -304,6 +367,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if job.current is Capacity.SPOT and job.pool in up:
             return job.pool  # type: ignore[return-value]
+        if up and self.pool_predict_choice and self.pool_model and job.changeover_s > 0 and len(up) > 1:
+            p = {k: window_lasts(self.pool_model, markets[k], [m for i, m in enumerate(markets) if i != k],
+                                 job.changeover_s) for k in up}
+            return max(up, key=lambda k: (p[k], markets[k].spot_up_s or 0, -k))
         if up and self.pool_choice == "value":
             return max(up, key=lambda k: (self._window_value(markets[k]), -k))
         if up:
