@@ -101,9 +101,11 @@ WINDOW_FEATURES = (
 )
 """What the window predictor sees of a pool with spot (``window_features``)."""
 
-WINDOW_MODEL: tuple[float, ...] = ()
+WINDOW_MODEL: tuple[float, ...] = (-1.3905, 0.4760, 0.3086, -0.0109, 0.0151, 0.1259, 0.0907, 0.0576, 0.8257)
 """Logistic regression of "this window lasts 3 more changeovers" on
-``WINDOW_FEATURES``: intercept, then one coefficient per feature."""
+``WINDOW_FEATURES``: intercept, then one coefficient per feature. Fitted on
+half A of the pool sets with d = 0.2 h (``tests/bench/diag_pools_oracle.py
+--fit``); used only with ``pool_predict`` (off: it did not beat the proof)."""
 
 
 def window_features(market: MarketView, others: Sequence[MarketView], d: int) -> list[float]:
@@ -160,6 +162,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_model: Sequence[float] | str | None = None,
         pool_predict_choice: bool = False,
         pool_predict_veto: float | None = None,
+        pool_predict_cost: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -179,6 +182,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_model = tuple(WINDOW_MODEL if pool_model is None else pool_model)
         self.pool_predict_choice = pool_predict_choice
         self.pool_predict_veto = pool_predict_veto
+        self.pool_predict_cost = pool_predict_cost
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -290,7 +294,10 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
                 p = {j: window_lasts(self.pool_model, markets[j], [m for i, m in enumerate(markets) if i != j], d)
                      for j in up}
                 pick = max(up, key=lambda j: (p[j], markets[j].spot_up_s or 0, -j))
-                if p[pick] >= self.pool_predict and (
+                thr = self.pool_predict
+                if self.pool_predict_cost is not None:
+                    thr = max(thr, self._leave_threshold(job, markets[pick]))
+                if p[pick] >= thr and (
                         self.pool_predict_veto is None or age < prove or p[pick] >= self.pool_predict_veto):
                     return PoolPlacement(Capacity.SPOT, pick, "spot back, its window likely to last: spot")
                 if age >= prove and (self.pool_predict_veto is None or p[best] >= self.pool_predict_veto):
@@ -299,6 +306,26 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
+
+    def _leave_threshold(self, job: JobView, market: MarketView) -> float:
+        """The chance of a window lasting 3 more changeovers at which leaving
+        on-demand for it pays in expectation: it gains (on-demand - spot) x
+        3 d if it lasts and loses a round trip (2 d of on-demand and 2 d of
+        slack, priced at ``pool_predict_cost`` x (on-demand - spot) per second
+        times how scarce round trips are: windows to come per affordable trip)
+        if not."""
+        assert self.pool_predict_cost is not None
+        od, sp = market.ondemand_price_micros, market.spot_price_micros
+        d = job.changeover_s
+        left = job.time_left_s or 0
+        slack = left - job.work_left_s - d
+        trips = max(0.5, slack / (2 * d))
+        up, rate = GBrokerMarkovPolicy._observed(market)
+        windows = rate * up * left / 3600
+        lam = self.pool_predict_cost * windows / trips
+        gain = (od - sp) * 3 * d
+        loss = 2 * d * od + lam * 2 * d * (od - sp)
+        return loss / (gain + loss)
 
     def _outage_of_every_pool(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
         """Waiting with every pool out, where most observed windows are short.
