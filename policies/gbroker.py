@@ -163,6 +163,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_predict_choice: bool = False,
         pool_predict_veto: float | None = None,
         pool_predict_cost: float | None = None,
+        pool_union_prove: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -183,6 +184,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_predict_choice = pool_predict_choice
         self.pool_predict_veto = pool_predict_veto
         self.pool_predict_cost = pool_predict_cost
+        self.pool_union_prove = pool_union_prove
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -288,6 +290,8 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
+        if self.pool_union_prove is not None and len(up) >= 2:
+            prove = int(self.pool_union_prove * job.changeover_s)
         if self.pool_predict is not None and self.pool_model and job.changeover_s > 0:
             if self._proof_needed(job, markets, markets[best], prove):
                 d = job.changeover_s
