@@ -164,6 +164,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_predict_veto: float | None = None,
         pool_predict_cost: float | None = None,
         pool_union_prove: float | None = None,
+        pool_prove_scarce: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -185,6 +186,7 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_predict_veto = pool_predict_veto
         self.pool_predict_cost = pool_predict_cost
         self.pool_union_prove = pool_union_prove
+        self.pool_prove_scarce = pool_prove_scarce
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -292,6 +294,12 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         age = markets[best].spot_up_s or 0
         if self.pool_union_prove is not None and len(up) >= 2:
             prove = int(self.pool_union_prove * job.changeover_s)
+        if self.pool_prove_scarce is not None and job.changeover_s > 0:
+            left = job.time_left_s or 0
+            trips = max(0.5, (left - job.work_left_s - job.changeover_s) / (2 * job.changeover_s))
+            ups, rate = GBrokerMarkovPolicy._observed(markets[best])
+            need = rate * ups * left / 3600 / trips
+            prove = int(prove * min(2.0, max(0.34, need) ** self.pool_prove_scarce))
         if self.pool_predict is not None and self.pool_model and job.changeover_s > 0:
             if self._proof_needed(job, markets, markets[best], prove):
                 d = job.changeover_s
