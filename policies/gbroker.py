@@ -89,49 +89,6 @@ from policies.rules import (
 MIN_WINDOWS = 8
 """Observed windows (all pools together) before their share shorter than a proof is trusted."""
 
-WINDOW_FEATURES = (
-    "log1p(age / d)",
-    "log1p(previous window / d)",
-    "log1p(mean of the last 3 windows / d)",
-    "log1p(previous outage / d)",
-    "share of all pools' windows longer than the age that lasted 3 d beyond it",
-    "other pools up",
-    "log1p(oldest other window / d)",
-    "uptime share",
-)
-"""What the window predictor sees of a pool with spot (``window_features``)."""
-
-WINDOW_MODEL: tuple[float, ...] = (-1.3905, 0.4760, 0.3086, -0.0109, 0.0151, 0.1259, 0.0907, 0.0576, 0.8257)
-"""Logistic regression of "this window lasts 3 more changeovers" on
-``WINDOW_FEATURES``: intercept, then one coefficient per feature. Fitted on
-half A of the pool sets with d = 0.2 h (``tests/bench/diag_pools_oracle.py
---fit``); used only with ``pool_predict`` (off: it did not beat the proof)."""
-
-
-def window_features(market: MarketView, others: Sequence[MarketView], d: int) -> list[float]:
-    """The predictor's inputs for one pool with spot, in changeovers (``WINDOW_FEATURES``)."""
-    age = (market.spot_up_s or 0) / d
-    ws = market.spot_windows_s
-    outs = market.spot_outages_s
-    prev = ws[-1] / d if ws else 3.0
-    last3 = ws[-3:]
-    prev3 = sum(last3) / len(last3) / d if last3 else 3.0
-    pout = outs[-1] / d if outs else 1.0
-    every = [x for m in (*others, market) for x in m.spot_windows_s]
-    longer = [x for x in every if x > age * d]
-    surv = (sum(x - age * d >= 3 * d for x in longer) + 1) / (len(longer) + 2)
-    nup = sum(1 for m in others if (m.spot_up_s or 0) > 0)
-    oage = max([(m.spot_up_s or 0) / d for m in others] + [0.0])
-    up = market.spot_uptime_fraction if market.spot_uptime_fraction is not None else 0.5
-    return [math.log1p(age), math.log1p(prev), math.log1p(prev3), math.log1p(pout), surv, float(nup),
-            math.log1p(oage), up]
-
-
-def window_lasts(model: Sequence[float], market: MarketView, others: Sequence[MarketView], d: int) -> float:
-    """Predicted chance that the pool's current window lasts 3 more changeovers."""
-    z = model[0] + sum(w * x for w, x in zip(model[1:], window_features(market, others, d), strict=True))
-    return 1 / (1 + math.exp(-max(-30.0, min(30.0, z))))
-
 
 @register
 class GBrokerPolicy(GBrokerMarkovPolicy):
@@ -158,13 +115,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_old_ratio: float | None = 0.2,
         pool_old_changeovers: float = 2.0,
         pool_old_short_share: float = 0.6,
-        pool_predict: float | None = None,
-        pool_model: Sequence[float] | str | None = None,
-        pool_predict_choice: bool = False,
-        pool_predict_veto: float | None = None,
-        pool_predict_cost: float | None = None,
-        pool_union_prove: float | None = None,
-        pool_prove_scarce: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -178,15 +128,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_old_ratio = None if pool_old_ratio is None else share(pool_old_ratio)
         self.pool_old_changeovers = pool_old_changeovers
         self.pool_old_short_share = pool_old_short_share
-        self.pool_predict = pool_predict
-        if isinstance(pool_model, str):  # "a:b:c", as the benchmarks' comma-separated policy lists allow
-            pool_model = [float(x) for x in pool_model.split(":")]
-        self.pool_model = tuple(WINDOW_MODEL if pool_model is None else pool_model)
-        self.pool_predict_choice = pool_predict_choice
-        self.pool_predict_veto = pool_predict_veto
-        self.pool_predict_cost = pool_predict_cost
-        self.pool_union_prove = pool_union_prove
-        self.pool_prove_scarce = pool_prove_scarce
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -292,52 +233,9 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
-        if self.pool_union_prove is not None and len(up) >= 2:
-            prove = int(self.pool_union_prove * job.changeover_s)
-        if self.pool_prove_scarce is not None and job.changeover_s > 0:
-            left = job.time_left_s or 0
-            trips = max(0.5, (left - job.work_left_s - job.changeover_s) / (2 * job.changeover_s))
-            ups, rate = GBrokerMarkovPolicy._observed(markets[best])
-            need = rate * ups * left / 3600 / trips
-            prove = int(prove * min(2.0, max(0.34, need) ** self.pool_prove_scarce))
-        if self.pool_predict is not None and self.pool_model and job.changeover_s > 0:
-            if self._proof_needed(job, markets, markets[best], prove):
-                d = job.changeover_s
-                p = {j: window_lasts(self.pool_model, markets[j], [m for i, m in enumerate(markets) if i != j], d)
-                     for j in up}
-                pick = max(up, key=lambda j: (p[j], markets[j].spot_up_s or 0, -j))
-                thr = self.pool_predict
-                if self.pool_predict_cost is not None:
-                    thr = max(thr, self._leave_threshold(job, markets[pick]))
-                if p[pick] >= thr and (
-                        self.pool_predict_veto is None or age < prove or p[pick] >= self.pool_predict_veto):
-                    return PoolPlacement(Capacity.SPOT, pick, "spot back, its window likely to last: spot")
-                if age >= prove and (self.pool_predict_veto is None or p[best] >= self.pool_predict_veto):
-                    return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
-                return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window likely to last: stay on on-demand")
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
-
-    def _leave_threshold(self, job: JobView, market: MarketView) -> float:
-        """The chance of a window lasting 3 more changeovers at which leaving
-        on-demand for it pays in expectation: it gains (on-demand - spot) x
-        3 d if it lasts and loses a round trip (2 d of on-demand and 2 d of
-        slack, priced at ``pool_predict_cost`` x (on-demand - spot) per second
-        times how scarce round trips are: windows to come per affordable trip)
-        if not."""
-        assert self.pool_predict_cost is not None
-        od, sp = market.ondemand_price_micros, market.spot_price_micros
-        d = job.changeover_s
-        left = job.time_left_s or 0
-        slack = left - job.work_left_s - d
-        trips = max(0.5, slack / (2 * d))
-        up, rate = GBrokerMarkovPolicy._observed(market)
-        windows = rate * up * left / 3600
-        lam = self.pool_predict_cost * windows / trips
-        gain = (od - sp) * 3 * d
-        loss = 2 * d * od + lam * 2 * d * (od - sp)
-        return loss / (gain + loss)
 
     def _outage_of_every_pool(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
         """Waiting with every pool out, where most observed windows are short.
@@ -406,10 +304,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if job.current is Capacity.SPOT and job.pool in up:
             return job.pool  # type: ignore[return-value]
-        if up and self.pool_predict_choice and self.pool_model and job.changeover_s > 0 and len(up) > 1:
-            p = {k: window_lasts(self.pool_model, markets[k], [m for i, m in enumerate(markets) if i != k],
-                                 job.changeover_s) for k in up}
-            return max(up, key=lambda k: (p[k], markets[k].spot_up_s or 0, -k))
         if up and self.pool_choice == "value":
             return max(up, key=lambda k: (self._window_value(markets[k]), -k))
         if up:

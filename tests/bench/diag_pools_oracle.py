@@ -19,7 +19,7 @@ window and of the outage just before (longer or not than their median):
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py --windows
 
-``--fit`` fits the window predictor of ``policies/gbroker.py``
+``--fit`` fits the window predictor measured in gbroker and not kept
 (``WINDOW_MODEL``: a logistic regression, by Newton's method with a small
 ridge, of "this window lasts 3 more changeovers" on ``window_features``, the
 features a policy sees online) on half A's traces only, with d = 0.2 h, at
@@ -34,6 +34,7 @@ on the held-out half B, per pool set, next to each feature's own AUC:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, ali
 from broker.sim.single import policy_of  # noqa: E402
 from broker.sim.feed import SpotFeed  # noqa: E402
 from policies.base import Capacity, PoolPlacement  # noqa: E402
-from policies.gbroker import WINDOW_FEATURES, window_features, window_lasts  # noqa: E402
+from policies.base import MarketView  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
 
 def window_predictors(d: int = 720) -> None:
@@ -76,6 +77,44 @@ def window_predictors(d: int = 720) -> None:
             print(f"| {label} | {nodes} | {half_of(label)} | {age // d} d | {len(rs)} | {p(rs)} | "
                   f"{p([r for r in rs if r[1] > mw])} / {p([r for r in rs if r[1] <= mw])} (median {mw // 60} min) | "
                   f"{p([r for r in rs if r[0] > mo])} / {p([r for r in rs if r[0] <= mo])} (median {mo // 60} min) |")
+
+
+WINDOW_FEATURES = (
+    "log1p(age / d)",
+    "log1p(previous window / d)",
+    "log1p(mean of the last 3 windows / d)",
+    "log1p(previous outage / d)",
+    "share of all pools' windows longer than the age that lasted 3 d beyond it",
+    "other pools up",
+    "log1p(oldest other window / d)",
+    "uptime share",
+)
+"""What the window predictor sees of a pool with spot (``window_features``):
+only what a policy sees online, in changeovers."""
+
+WINDOW_MODEL = (-1.3905, 0.4760, 0.3086, -0.0109, 0.0151, 0.1259, 0.0907, 0.0576, 0.8257)
+"""The fit on half A (``--fit``): intercept, then one coefficient per
+feature. Measured in gbroker as ``pool_predict`` (commits de1c197, 87b608e)
+and not kept (docs/SIMULATOR.md, "A learned window predictor")."""
+
+
+def window_features(market: MarketView, others: list[MarketView], d: int) -> list[float]:
+    """The predictor's inputs for one pool with spot (``WINDOW_FEATURES``)."""
+    age = (market.spot_up_s or 0) / d
+    ws = market.spot_windows_s
+    outs = market.spot_outages_s
+    prev = ws[-1] / d if ws else 3.0
+    last3 = ws[-3:]
+    prev3 = sum(last3) / len(last3) / d if last3 else 3.0
+    pout = outs[-1] / d if outs else 1.0
+    every = [x for m in (*others, market) for x in m.spot_windows_s]
+    longer = [x for x in every if x > age * d]
+    surv = (sum(x - age * d >= 3 * d for x in longer) + 1) / (len(longer) + 2)
+    nup = sum(1 for m in others if (m.spot_up_s or 0) > 0)
+    oage = max([(m.spot_up_s or 0) / d for m in others] + [0.0])
+    up = market.spot_uptime_fraction if market.spot_uptime_fraction is not None else 0.5
+    return [math.log1p(age), math.log1p(prev), math.log1p(prev3), math.log1p(pout), surv, float(nup),
+            math.log1p(oage), up]
 
 
 def window_samples(half: str, d: int = 720, stride_s: int = 120) -> list[tuple[str, list[float], bool]]:
@@ -136,7 +175,6 @@ def fit_window_model() -> None:
             ps = np.array([1 / (1 + np.exp(-(model[0] + float(x @ b)))) for x in xs])
             one = " | ".join(f"{auc(xs[:, f], ys):.2f}" for f in range(xs.shape[1]))
             print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {auc(ps, ys):.3f} | {one} |")
-    assert callable(window_lasts)
 
 
 def main() -> None:
