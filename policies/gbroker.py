@@ -115,8 +115,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_old_ratio: float | None = 0.2,
         pool_old_changeovers: float = 2.0,
         pool_old_short_share: float = 0.6,
-        pool_value_cap: float | None = None,
-        pool_value_slack: float = 0.0,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -130,8 +128,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_old_ratio = None if pool_old_ratio is None else share(pool_old_ratio)
         self.pool_old_changeovers = pool_old_changeovers
         self.pool_old_short_share = pool_old_short_share
-        self.pool_value_cap = pool_value_cap
-        self.pool_value_slack = pool_value_slack
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -237,39 +233,9 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
-        if self.pool_value_cap is not None and job.changeover_s > 0 and self._proof_needed(
-                job, markets, markets[best], prove):
-            now = self._capped_value_now(job, markets, markets[best], age)
-            if now is not None:
-                if now:
-                    return PoolPlacement(Capacity.SPOT, best, "spot back, leaving now is worth most: spot")
-                return PoolPlacement(Capacity.ONDEMAND, None, "a later age of the window is worth more: on-demand")
         if age < prove and self._proof_needed(job, markets, markets[best], prove):
             return PoolPlacement(Capacity.ONDEMAND, None, "no pool's spot window old enough to leave on-demand for")
         return PoolPlacement(Capacity.SPOT, best, "spot back in the pool with the oldest window: spot")
-
-    def _capped_value_now(self, job: JobView, markets: Sequence[MarketView], market: MarketView,
-                          age: int) -> bool | None:
-        """Whether leaving on-demand now is worth more than at any later age
-        (half changeovers up to 6 d), by the observed windows (all pools)
-        longer than ``age``: a round trip to a window with residual R saves
-        (on-demand - spot) x min(R, cap) - 2 x on-demand x d, less the slack
-        it spends priced at ``pool_value_slack``. None: too few windows."""
-        assert self.pool_value_cap is not None
-        d = job.changeover_s
-        ws = [x for m in markets for x in m.spot_windows_s if x > age]
-        if len(ws) < MIN_WINDOWS:
-            return None
-        od, sp = market.ondemand_price_micros, market.spot_price_micros
-        cap = self.pool_value_cap * d
-        lost = 2 * d * od + self.pool_value_slack * 2 * d * (od - sp)
-
-        def value(a: int) -> float:
-            return sum((od - sp) * min(x - a, cap) - lost for x in ws if x > a)
-
-        here = value(age)
-        later = max(value(age + k * d // 2) for k in range(1, 13))
-        return here > 0 and here >= later
 
     def _outage_of_every_pool(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
         """Waiting with every pool out, where most observed windows are short.

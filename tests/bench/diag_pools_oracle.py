@@ -144,7 +144,7 @@ def window_samples(half: str, d: int = 720, stride_s: int = 120) -> list[tuple[s
 def fit_window_model() -> None:
     import numpy as np
 
-    def auc(p: "np.ndarray", y: "np.ndarray") -> float:
+    def auc(p: np.ndarray, y: np.ndarray) -> float:
         _, inv, counts = np.unique(p, return_inverse=True, return_counts=True)
         r = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # ranks, ties averaged
         n1 = y.sum()
