@@ -46,8 +46,7 @@ from broker.sim.engine import SimJob  # noqa: E402
 from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
 from broker.sim.single import policy_of  # noqa: E402
 from broker.sim.feed import SpotFeed  # noqa: E402
-from policies.base import Capacity, PoolPlacement  # noqa: E402
-from policies.base import MarketView  # noqa: E402
+from policies.base import Capacity, MarketView, PoolPlacement  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
 
 def window_predictors(d: int = 720) -> None:
@@ -164,7 +163,9 @@ def fit_window_model() -> None:
         w -= np.linalg.solve(hess, grad)
     b = w[1:] / sd
     model = [float(w[0] - (w[1:] * mu / sd).sum()), *map(float, b)]
-    print("WINDOW_MODEL = (" + ", ".join(f"{c:.4f}" for c in model) + ")\n")
+    same = all(abs(a - b) < 5e-5 for a, b in zip(model, WINDOW_MODEL, strict=True))
+    print("WINDOW_MODEL = (" + ", ".join(f"{c:.4f}" for c in model) + ")"
+          + (" (as stored)" if same else " (differs from the stored WINDOW_MODEL)") + "\n")
     print("| half | pool set | samples | lasted 3 d more | model AUC | " + " | ".join(WINDOW_FEATURES) + " |")
     print("|" + "---|" * (5 + len(WINDOW_FEATURES)))
     for h, rows in data.items():
