@@ -18,11 +18,23 @@ changeovers more, overall and split by the length of the pool's previous
 window and of the outage just before (longer or not than their median):
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py --windows
+
+``--fit`` fits the window predictor measured in gbroker and not kept
+(``WINDOW_MODEL``: a logistic regression, by Newton's method with a small
+ridge, of "this window lasts 3 more changeovers" on ``window_features``, the
+features a policy sees online) on half A's traces only, with d = 0.2 h, at
+every 2 minutes of trace time where a pool has spot younger than 3 d and 2 or
+more observed windows, and prints its coefficients and its AUC (the chance
+that a window that lasted is ranked above one that did not) on half A and
+on the held-out half B, per pool set, next to each feature's own AUC:
+
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py --fit
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -33,7 +45,8 @@ from bench_pools import W, half_of, pool_sets  # noqa: E402
 from broker.sim.engine import SimJob  # noqa: E402
 from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
 from broker.sim.single import policy_of  # noqa: E402
-from policies.base import Capacity, PoolPlacement  # noqa: E402
+from broker.sim.feed import SpotFeed  # noqa: E402
+from policies.base import Capacity, MarketView, PoolPlacement  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
 
 def window_predictors(d: int = 720) -> None:
@@ -65,6 +78,106 @@ def window_predictors(d: int = 720) -> None:
                   f"{p([r for r in rs if r[0] > mo])} / {p([r for r in rs if r[0] <= mo])} (median {mo // 60} min) |")
 
 
+WINDOW_FEATURES = (
+    "log1p(age / d)",
+    "log1p(previous window / d)",
+    "log1p(mean of the last 3 windows / d)",
+    "log1p(previous outage / d)",
+    "share of all pools' windows longer than the age that lasted 3 d beyond it",
+    "other pools up",
+    "log1p(oldest other window / d)",
+    "uptime share",
+)
+"""What the window predictor sees of a pool with spot (``window_features``):
+only what a policy sees online, in changeovers."""
+
+WINDOW_MODEL = (-1.3905, 0.4760, 0.3086, -0.0109, 0.0151, 0.1259, 0.0907, 0.0576, 0.8257)
+"""The fit on half A (``--fit``): intercept, then one coefficient per
+feature. Measured in gbroker as ``pool_predict`` (commits de1c197, 87b608e)
+and not kept (docs/SIMULATOR.md, "A learned window predictor")."""
+
+
+def window_features(market: MarketView, others: list[MarketView], d: int) -> list[float]:
+    """The predictor's inputs for one pool with spot (``WINDOW_FEATURES``)."""
+    age = (market.spot_up_s or 0) / d
+    ws = market.spot_windows_s
+    outs = market.spot_outages_s
+    prev = ws[-1] / d if ws else 3.0
+    last3 = ws[-3:]
+    prev3 = sum(last3) / len(last3) / d if last3 else 3.0
+    pout = outs[-1] / d if outs else 1.0
+    every = [x for m in (*others, market) for x in m.spot_windows_s]
+    longer = [x for x in every if x > age * d]
+    surv = (sum(x - age * d >= 3 * d for x in longer) + 1) / (len(longer) + 2)
+    nup = sum(1 for m in others if (m.spot_up_s or 0) > 0)
+    oage = max([(m.spot_up_s or 0) / d for m in others] + [0.0])
+    up = market.spot_uptime_fraction if market.spot_uptime_fraction is not None else 0.5
+    return [math.log1p(age), math.log1p(prev), math.log1p(prev3), math.log1p(pout), surv, float(nup),
+            math.log1p(oage), up]
+
+
+def window_samples(half: str, d: int = 720, stride_s: int = 120) -> list[tuple[str, list[float], bool]]:
+    """(pool set, features, lasted 3 d more) at every ``stride_s`` of the half's traces, per pool with spot."""
+    out = []
+    for label, nodes, traces in pool_sets():
+        if half_of(label) != half:
+            continue
+        tr = align(traces)
+        n = min(t.steps for t in tr)
+        feeds = [SpotFeed(t, nodes, n) for t in tr]
+        g = feeds[0].gap_s
+        for i in range(0, n - 1, max(1, stride_s // g)):
+            ms = [f.market(i, 918_000, 3_060_000, 0) for f in feeds]
+            for k, f in enumerate(feeds):
+                if not f.avail[i] or (ms[k].spot_up_s or 0) >= 3 * d or len(ms[k].spot_windows_s) < 2:
+                    continue
+                j = i
+                while j < n and f.avail[j]:
+                    j += 1
+                if j < n:  # the window's end is in the trace
+                    others = [m for o, m in enumerate(ms) if o != k]
+                    out.append((f"{label}, N={nodes}", window_features(ms[k], others, d), (j - i) * g >= 3 * d))
+    return out
+
+
+def fit_window_model() -> None:
+    import numpy as np
+
+    def auc(p: np.ndarray, y: np.ndarray) -> float:
+        _, inv, counts = np.unique(p, return_inverse=True, return_counts=True)
+        r = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # ranks, ties averaged
+        n1 = y.sum()
+        return float((r[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
+
+    data = {h: window_samples(h) for h in ("A", "B")}
+    X = np.array([x for _, x, _ in data["A"]])
+    y = np.array([float(v) for _, _, v in data["A"]])
+    mu, sd = X.mean(0), X.std(0) + 1e-9
+    Z = np.c_[np.ones(len(X)), (X - mu) / sd]
+    w = np.zeros(Z.shape[1])
+    ridge = 1e-3 * np.diag([0.0] + [1.0] * X.shape[1])
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-Z @ w))
+        grad = Z.T @ (p - y) / len(y) + ridge @ w
+        hess = (Z * (p * (1 - p))[:, None]).T @ Z / len(y) + ridge + 1e-9 * np.eye(len(w))
+        w -= np.linalg.solve(hess, grad)
+    b = w[1:] / sd
+    model = [float(w[0] - (w[1:] * mu / sd).sum()), *map(float, b)]
+    same = all(abs(a - b) < 5e-5 for a, b in zip(model, WINDOW_MODEL, strict=True))
+    print("WINDOW_MODEL = (" + ", ".join(f"{c:.4f}" for c in model) + ")"
+          + (" (as stored)" if same else " (differs from the stored WINDOW_MODEL)") + "\n")
+    print("| half | pool set | samples | lasted 3 d more | model AUC | " + " | ".join(WINDOW_FEATURES) + " |")
+    print("|" + "---|" * (5 + len(WINDOW_FEATURES)))
+    for h, rows in data.items():
+        for s in [f"{h}: all", *sorted({r[0] for r in rows})]:
+            sel = [r for r in rows if s.endswith(": all") or r[0] == s]
+            xs = np.array([x for _, x, _ in sel])
+            ys = np.array([float(v) for _, _, v in sel])
+            ps = np.array([1 / (1 + np.exp(-(model[0] + float(x @ b)))) for x in xs])
+            one = " | ".join(f"{auc(xs[:, f], ys):.2f}" for f in range(xs.shape[1]))
+            print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {auc(ps, ys):.3f} | {one} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--x", type=float, default=2)
@@ -75,7 +188,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--base", default="gbroker", help="the policy the oracle falls back on (and is compared with)")
     ap.add_argument("--windows", action="store_true", help="print the window-length predictors and stop")
+    ap.add_argument("--fit", action="store_true", help="fit gbroker's window predictor on half A, print it, stop")
     a = ap.parse_args()
+    if a.fit:
+        fit_window_model()
+        return
     if a.windows:
         window_predictors()
         return
