@@ -93,6 +93,7 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
             check_after(s, caller.uid, caller.is_admin, spec.after)
     preflight(svc, caller, spec, partition, Capacity(capacity))
     log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
+
     def first_request(job_id: int) -> SubmitRequest:
         return request_for(spec, job_id=job_id, key=key, attempt_number=1, partition=partition,
                            capacity=Capacity(capacity), owner_name=caller.name, log_path=log_path,
