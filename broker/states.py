@@ -36,6 +36,9 @@ class JobState(str, Enum):
     """Gave up: the deadline can no longer be met."""
 
 
+BUDGET_HELD = "held by gbroker: the group is at its budget"
+"""The reason of a job (or of an array's pieces) held for its group's budget."""
+
 TERMINAL: frozenset[JobState] = frozenset(
     {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.DEADLINE_MISSED}
 )

@@ -52,7 +52,7 @@ from broker.slurm.script import ArrayPart
 from broker.slurm.statemap import normalize_job_state
 from broker.spec import JobSpec, spec_from_dict
 from broker.state import Services, must_get
-from broker.states import ATTEMPT_TERMINAL, PIECE_FINAL, TERMINAL, AttemptState, JobState, PieceState
+from broker.states import ATTEMPT_TERMINAL, BUDGET_HELD, PIECE_FINAL, TERMINAL, AttemptState, JobState, PieceState
 from policies import Action, Capacity
 
 log = logging.getLogger(__name__)
@@ -594,7 +594,8 @@ def _after_reclaim(s: Session, svc: Services, job: Job, spec: JobSpec, requeued:
     partition = svc.settings.partition_for("ondemand")
     plan.move.extend((raw, partition) for _, raw in on_spot)
     store.add_event(s, "moved", f"pieces {compress(p.idx for p, _ in on_spot)} requeued on {partition} "
-                    f"(policy: {decision.reason})", now=now, job_id=job.id)
+                    f"(policy: {decision.reason})", now=now, job_id=job.id,
+                    data={"to_capacity": Capacity.ONDEMAND.value})
 
 
 def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: list[ArrayPiece], now: datetime,
@@ -611,7 +612,7 @@ def _retry_batch(s: Session, job: Job, batches: dict[int, ArrayBatch], retry: li
     s.flush()
     if held:
         store.add_event(s, "retry", f"pieces {indices} run again as batch {number} once the group's budget "
-                        "allows (held by gbroker: the group is at its budget)", now=now, job_id=job.id)
+                        f"allows ({BUDGET_HELD})", now=now, job_id=job.id)
         return
     store.add_event(s, "retry", f"pieces {indices} run again as batch {number}", now=now, job_id=job.id)
     plan.sbatch.append((job.id, batch.id))
@@ -631,9 +632,6 @@ def counts_of(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
     for jid, state, n in rows:
         out.setdefault(int(jid), {})[PieceState(state).value] = int(n)
     return out
-
-
-BUDGET_HELD = "held by gbroker: the group is at its budget"
 
 
 def budget_held(s: Session, job_ids: list[int]) -> set[int]:

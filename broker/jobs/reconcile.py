@@ -419,7 +419,7 @@ def _deadline_fallback(
     job.partition, job.capacity = partition, Capacity.ONDEMAND
     store.add_event(
         s, "fallback", f"still waiting for {waiting}; moved to {partition} to meet the deadline ({reason})",
-        now=now, job_id=job.id,
+        now=now, job_id=job.id, data={"to_capacity": Capacity.ONDEMAND.value},
     )
 
 
@@ -777,7 +777,7 @@ def _recover(
         s, att.state.value,
         f"attempt {att.number} {att.state.value} on {att.nodes or '?'} ({lost}); "
         f"policy: {decision.action.value} — {decision.reason}",
-        now=now, job_id=job.id,
+        now=now, job_id=job.id, data={"policy": decision.action.value},
     )
     if decision.action == Action.GIVE_UP:
         if requeued is not None:

@@ -61,7 +61,7 @@ from broker.pools.catalog import Billing
 from broker.ownership import is_ours, verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
-from broker.states import ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState, PieceState
+from broker.states import ATTEMPT_TERMINAL, BUDGET_HELD, TERMINAL, AttemptState, JobState, PieceState
 from broker.state import Services
 
 log = logging.getLogger(__name__)
@@ -411,7 +411,7 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
                     if row is not None:
                         row.released_at = now  # it was not held (it started, or left the queue)
                 elif job is not None and job.state in HOLDABLE and not _runs_pieces(s, job.id):
-                    store.set_job_state(s, job, JobState.HELD, "held by gbroker: the group is at its budget",
+                    store.set_job_state(s, job, JobState.HELD, BUDGET_HELD,
                                         now=now)
     if plan.release:
         # A refusal means the job is no longer held (or gone): the hold is over either way.

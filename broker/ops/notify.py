@@ -56,11 +56,14 @@ def classify(ev: Event) -> list[str]:
         return {"completed": ["job.completed"], "failed": ["job.failed"]}.get(data.get("to", ""), [])
     if ev.kind in ("reclaimed", "preempted"):
         out = ["job.reclaimed"]
-        if "policy: move_ondemand" in ev.message:
+        # Events stored before they carried the policy's action said it in their text only.
+        if data.get("policy", "move_ondemand" if "policy: move_ondemand" in ev.message else "") == "move_ondemand":
             out.append("job.moved_to_ondemand")
         return out
-    if ev.kind == "fallback" and "meet the deadline" in ev.message:
+    if ev.kind in ("fallback", "moved") and data.get("to_capacity") == "ondemand":
         return ["job.moved_to_ondemand"]
+    if ev.kind == "fallback" and "to_capacity" not in data and "meet the deadline" in ev.message:
+        return ["job.moved_to_ondemand"]  # stored before events carried it
     if ev.kind == "budget_alert":
         return ["budget.threshold"]
     return []

@@ -230,6 +230,27 @@ def test_the_lab_currency_is_how_the_daemon_writes_every_amount(world: World, tm
         amount.show_in("USD")
 
 
+def test_a_move_to_on_demand_is_read_from_the_events_data_not_its_words() -> None:
+    from broker.db.models import Event
+    from broker.ops.notify import classify
+
+    def ev(kind: str, message: str, data: dict[str, Any] | None = None) -> Event:
+        return Event(kind=kind, message=message, data_json=json.dumps(data or {}))
+
+    assert classify(ev("reclaimed", "attempt 1 reclaimed on spot1; policy: resume_spot — x",
+                       {"policy": "move_ondemand"})) == ["job.reclaimed", "job.moved_to_ondemand"]
+    # The words no longer decide: a reason that happens to quote the action does not make a move.
+    assert classify(ev("reclaimed", "policy: resume_spot — not policy: move_ondemand",
+                       {"policy": "resume_spot"})) == ["job.reclaimed"]
+    assert classify(ev("fallback", "moved to od", {"to_capacity": "ondemand"})) == ["job.moved_to_ondemand"]
+    assert classify(ev("moved", "pieces 3-4 requeued on ondemand", {"to_capacity": "ondemand"})) == [
+        "job.moved_to_ondemand"]  # an array's pieces (not told before)
+    # Events stored before they carried the data are still read from their text.
+    assert classify(ev("preempted", "attempt 2 preempted; policy: move_ondemand — d")) == [
+        "job.reclaimed", "job.moved_to_ondemand"]
+    assert classify(ev("fallback", "moved to ondemand to meet the deadline (x)")) == ["job.moved_to_ondemand"]
+
+
 def test_deadline_at_risk_is_told_once(world: World) -> None:
     hook = Hook()
     with_notify(world, hook.url)
