@@ -161,6 +161,11 @@ def _list_args(_: Mapping[str, str], q: Mapping[str, list[str]], __: Any) -> dic
         if not limit.isdigit():
             raise HttpError(400, f"limit={limit[:20]!r} is not a whole number")
         args["limit"] = int(limit)
+    for name in ("user", "group", "state"):
+        if (value := _one(q, name)) is not None:
+            args[name] = value
+    if "partition" in q:
+        args["partitions"] = q["partition"]  # may be given more than once
     return args
 
 
@@ -185,8 +190,9 @@ def _body_args(_: Mapping[str, str], __: Mapping[str, list[str]], body: Any) -> 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/ping", "ping", "Who the daemon sees calling (uid from the kernel) and whether an admin",
           lambda p, q, b: {}),
-    Route("GET", "/v1/jobs", "list", "The caller's jobs (all users' for an admin with all_users=true)",
-          _list_args, query=("active", "all_users", "limit")),
+    Route("GET", "/v1/jobs", "list", "The caller's jobs, newest first (all users' for an admin with "
+          "all_users=true); user, group, state (instead of active) and partition filter them",
+          _list_args, query=("active", "all_users", "limit", "user", "group", "state", "partition")),
     Route("POST", "/v1/jobs", "submit", "Submit a job: the spec as `gbroker submit --json` would send it",
           _submit_args, body=True),
     Route("GET", "/v1/jobs/{job_id}", "show", "One of the caller's jobs, with its attempts and events",
@@ -268,6 +274,13 @@ def error_payload(exc: BrokerError) -> dict[str, Any]:
                       "exit_code": exc.exit_code}}
 
 
+QUERY_TYPES: dict[str, dict[str, Any]] = {
+    "active": {"type": "boolean"}, "all_users": {"type": "boolean"}, "limit": {"type": "integer"},
+    "user": {"type": "string"}, "group": {"type": "string"}, "state": {"type": "string"},
+    "partition": {"type": "string", "description": "may be given more than once"},
+}
+
+
 def openapi(ops: Sequence[str]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``ROUTES`` (``ops``: the operations ``/v1/ops/{op}`` takes)."""
     error = {"description": "refused; the body says why and what to do",
@@ -284,8 +297,7 @@ def openapi(ops: Sequence[str]) -> dict[str, Any]:
         params = [{"name": name[1:-1], "in": "path", "required": True,
                    "schema": {"type": "string", **({"enum": sorted(ops)} if name == "{op}" else {})}}
                   for name in r.pattern.split("/") if name.startswith("{")]
-        params += [{"name": q, "in": "query", "required": False,
-                    "schema": {"type": "integer" if q == "limit" else "boolean"}} for q in r.query]
+        params += [{"name": q, "in": "query", "required": False, "schema": QUERY_TYPES[q]} for q in r.query]
         if params:
             item["parameters"] = params
         if r.body:

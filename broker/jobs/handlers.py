@@ -34,12 +34,16 @@ def handlers(svc: Services) -> dict[str, Handler]:
         return submit(svc, caller, args.get("spec"), args.get("key"))
 
     def do_list(caller: Caller, args: dict[str, Any]) -> Any:
-        only_args(args, "list", "active", "all_users", "limit")
+        only_args(args, "list", "active", "all_users", "limit", "user", "group", "state", "partitions")
         return list_jobs(
             svc, caller,
             active=bool_arg(args.get("active", True), "active"),
             all_users=bool_arg(args.get("all_users", False), "all_users"),
             limit=int_arg(args.get("limit", 200), "limit", 1, MAX_LIST),
+            user=_name_arg(args.get("user"), "user"),
+            group=_name_arg(args.get("group"), "group"),
+            state=_state_arg(args.get("state")),
+            partitions=_names_arg(args.get("partitions"), "partitions"),
         )
 
     def do_show(caller: Caller, args: dict[str, Any]) -> Any:
@@ -87,18 +91,59 @@ def _visible(s: Any, caller: Caller, job_ids: list[int]) -> list[Job]:
 
 
 def list_jobs(
-    svc: Services, caller: Caller, active: bool = True, all_users: bool = False, limit: int = 200
+    svc: Services, caller: Caller, active: bool = True, all_users: bool = False, limit: int = 200, *,
+    user: str | None = None, group: str | None = None, state: JobState | None = None,
+    partitions: list[str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Newest first: the caller's jobs (every user's with ``all_users``, admins only), those of
+    ``user``, ``group``, in ``state`` (which replaces ``active``) and on one of ``partitions``
+    when given (filtered by the database, so ``limit`` counts the matching jobs)."""
     if all_users:
         caller.require_admin("listing every user's jobs")
+    if user is not None and user != caller.name:
+        caller.require_admin(f"listing {user}'s jobs")
+        all_users = True
     now = svc.clock.now()
     with svc.read() as s:  # a read waits for no submission's transaction
         q = select(Job).order_by(Job.id.desc()).limit(limit)
         if not all_users:
             q = q.where(Job.owner_uid == caller.uid)
-        if active:
+        if user is not None:
+            q = q.where(Job.owner_name == user)
+        if group is not None:
+            q = q.where(Job.group_name == group)
+        if state is not None:
+            q = q.where(Job.state == state)
+        elif active:
             q = q.where(Job.state.not_in(list(TERMINAL)))
+        if partitions is not None:
+            q = q.where(Job.partition.in_(partitions))
         return [job_summary(s, j, now) for j in s.execute(q).scalars()]
+
+
+def _name_arg(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 64 or not value.isprintable():
+        raise SpecError(f"{name}: give a name (up to 64 printable characters), not {str(value)[:40]!r}")
+    return value
+
+
+def _names_arg(value: Any, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > 100:
+        raise SpecError(f"{name}: give a list of up to 100 names")
+    return [n for v in value if (n := _name_arg(v, name)) is not None]
+
+
+def _state_arg(value: Any) -> JobState | None:
+    if value is None:
+        return None
+    states = [st.value for st in JobState]
+    if value not in states:
+        raise SpecError(f"state {str(value)[:40]!r} is not a job state", hint="states: " + ", ".join(states))
+    return JobState(value)
 
 
 def show_job(svc: Services, caller: Caller, job_id: int) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def jobs_page(jobs: list[dict[str, Any]], filters: dict[str, str], choices: dict
              esc(j["state"]), esc(pool_of.get(j.get("partition") or "", j.get("partition") or "")),
              _opt(j.get("capacity")), str(int(j["attempts"])), _opt(j.get("created_at")),
              f'<span class="msg">{esc(j.get("reason") or "")}</span>'] for j in jobs]
-    cap = (f" Only the newest {capped} are searched: `gbroker history` and `gbroker report` reach further."
+    cap = (f" Only the newest {capped} that match are shown: narrow the filters, or use `gbroker history`."
            if capped else "")
     body = (f"<p>{len(jobs)} of {esc(who)}, newest first.{esc(cap)}</p>{form}"
             + table(["job", "name", "user", "group", "state", "pool", "capacity", "attempts", "submitted", "reason"],

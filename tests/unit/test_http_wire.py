@@ -42,6 +42,9 @@ def test_routes_give_the_cli_operations_with_their_arguments():
     assert routed("GET", "/v1/jobs") == hw.Routed("list", {"active": True, "all_users": False})
     assert routed("GET", "/v1/jobs?active=false&all_users=1&limit=5") == hw.Routed(
         "list", {"active": False, "all_users": True, "limit": 5})
+    assert routed("GET", "/v1/jobs?user=bob&group=vision&state=running&partition=spot&partition=spotb") == hw.Routed(
+        "list", {"active": True, "all_users": False, "user": "bob", "group": "vision", "state": "running",
+                 "partitions": ["spot", "spotb"]})
     assert routed("GET", "/v1/jobs/42") == hw.Routed("show", {"job_id": 42})
     assert routed("DELETE", "/v1/jobs/42") == hw.Routed("cancel", {"job_ids": [42]})
     assert routed("POST", "/v1/jobs", b'{"spec": {"group": "g"}, "key": "k1"}') == hw.Routed(
@@ -54,6 +57,7 @@ def test_routes_give_the_cli_operations_with_their_arguments():
 def test_nothing_a_client_writes_is_ignored():
     assert "bogus" in refused("GET", "/v1/jobs?bogus=1").message
     assert "given 2 times" in refused("GET", "/v1/jobs?limit=1&limit=2").message
+    assert "given 2 times" in refused("GET", "/v1/jobs?state=a&state=b").message
     assert refused("GET", "/v1/jobs?active=maybe").status == 400
     assert refused("GET", "/v1/jobs?limit=-1").status == 400
     assert "owner" in refused("POST", "/v1/jobs", b'{"spec": {}, "owner": "bob"}').message

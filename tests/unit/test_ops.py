@@ -251,6 +251,24 @@ def test_a_move_to_on_demand_is_read_from_the_events_data_not_its_words() -> Non
     assert classify(ev("fallback", "moved to ondemand to meet the deadline (x)")) == ["job.moved_to_ondemand"]
 
 
+def test_a_reclaim_event_carries_the_policys_action(world: World) -> None:
+    from broker.db.models import Event
+    from broker.ops.notify import classify
+    from policies import Action
+
+    a = world.submit(time="10m")["slurm_job_id"]
+    world.tick()
+    world.slurm.start(a)
+    world.advance(120)
+    world.slurm.reclaim(a)
+    world.tick()
+    with world.svc.sessions() as s:
+        (ev,) = s.execute(select(Event).where(Event.kind == "reclaimed")).scalars()
+        action = json.loads(ev.data_json)["policy"]
+        assert action in {a.value for a in Action} and f"policy: {action} " in ev.message
+        assert ("job.moved_to_ondemand" in classify(ev)) == (action == Action.MOVE_ONDEMAND.value)
+
+
 def test_deadline_at_risk_is_told_once(world: World) -> None:
     hook = Hook()
     with_notify(world, hook.url)

@@ -188,9 +188,37 @@ def test_filters_are_checked_and_applied(world: World) -> None:
     assert "Nothing to show" in body(d.get("/jobs?group=climate", root))
     assert "alice-job" in body(d.get("/jobs?group=vision&state=pending", root))
     assert "Nothing to show" in body(d.get("/jobs?state=completed", root))
-    assert "alice-job" in body(d.get("/jobs?pool=spot", root))  # a partition with no pool is its own
+    assert "alice-job" in body(d.get("/jobs?pool=spot", root))
     assert d.get("/nodes?days=0", root).status == 400
     assert d.get("/nowhere", root).status == 404
+
+
+def test_the_database_filters_so_an_old_match_is_found_past_the_pages_cap(world: World,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.web.app as app
+
+    ids = jobs_of(world)
+    for i in range(3):  # newer jobs that do not match
+        submit(world.svc, BOB, {**job_spec(name=f"bob-{i}"), "name": f"bob-{i}"})
+    monkeypatch.setattr(app, "MAX_LIST", 2)
+    d = dashboard(world)
+    root = signed_in(d, world, ROOT)
+    page = body(d.get("/jobs?user=alice", root))
+    assert f'<a href="/jobs/{ids["alice"]}">' in page and "bob-" not in page
+    assert "Only the newest 2 that match" in body(d.get("/jobs", root))
+    assert "alice" in body(d.get("/jobs", root)).split("<select name=\"user\">")[1].split("</select>")[0]
+
+    ops = handlers(world.svc, NodeManager(world.svc))
+    listed = ops["list"](ROOT, {"active": False, "all_users": True, "user": "bob", "state": "pending",
+                                "partitions": ["spot"], "group": "vision"})
+    assert sorted(j["name"] for j in listed) == ["bob-0", "bob-1", "bob-2", "bob-secret"]
+    assert ops["list"](ROOT, {"all_users": True, "partitions": ["ondemand"]}) == []
+    assert [j["name"] for j in ops["list"](ALICE, {"user": "alice"})] == ["alice-job"]
+    with pytest.raises(PermissionDenied):
+        ops["list"](ALICE, {"user": "bob"})
+    for bad in ({"state": "BOGUS"}, {"user": "a\nb"}, {"partitions": "spot"}, {"group": ""}):
+        with pytest.raises(SpecError):
+            ops["list"](ROOT, {"all_users": True, **bad})
 
 
 def test_proxy_header_is_ignored_unless_configured(world: World) -> None:
