@@ -66,6 +66,24 @@ def wait(what: str, pred: Any, timeout: float, d: BrokerDaemon, interval: float 
         time.sleep(interval)
 
 
+def ran_for(cluster: Any, node: str, seconds: int) -> bool:
+    """Every task Slurm runs on ``node`` has run ``seconds`` or more (and there is one)."""
+    out = cluster.run(["squeue", "-h", "-w", node, "-t", "R", "-o", "%M"]).stdout.split()
+
+    def secs(m: str) -> int:
+        days, _, clock = m.rpartition("-")
+        parts = [int(x) for x in clock.split(":")]
+        return (int(days) * 86400 if days else 0) + sum(v * 60**i for i, v in enumerate(reversed(parts)))
+
+    return bool(out) and all(secs(m) >= seconds for m in out)
+
+
+def tasks_on(cluster: Any, node: str) -> set[int]:
+    """The array task indices Slurm has on ``node`` now."""
+    out = cluster.run(["squeue", "-h", "-w", node, "-o", "%K"]).stdout.split()
+    return {int(k) for k in out if k.isdigit()}
+
+
 def arrays_of(job: dict[str, Any]) -> list[int]:
     return [b["slurm_array_id"] for b in job["array"]["batches"] if b["slurm_array_id"]]
 
@@ -92,6 +110,10 @@ def test_a_render_array_spreads_over_the_spot_nodes_and_a_reclaim_reruns_only_it
     node = running[0]["nodes"]
     on_node = {p["piece"] for p in running if p["nodes"] == node}
     assert 1 <= len(on_node) <= 2, running
+    # Reclaim once the node's frames have really run for a while (Slurm shows a task whose node
+    # still boots as configuring, and a run reclaimed within its first second has lost nothing).
+    wait("the node's frames running for 2 s", lambda: ran_for(slurm_cluster, node, 2), 60, d)
+    on_node |= tasks_on(slurm_cluster, node)  # a frame may have ended and the next begun meanwhile
     slurm_cluster.reclaim(node)
     done = d.wait_job(job["id"], lambda x: x["state"] in ("completed", "failed"), timeout=420, interval=2)
     assert done["state"] == "completed", done["reason"]
