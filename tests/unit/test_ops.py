@@ -94,6 +94,17 @@ def submit_no_retry(world: World) -> dict[str, Any]:
     return submit(world.svc, caller("alice"), {**job_spec(), "max_retries": 0})
 
 
+def reclaimed_after_two_minutes(world: World) -> int:
+    """A spot job started, reclaimed 2 minutes in, and the tick that sees it; its Slurm id."""
+    a = int(world.submit(time="10m")["slurm_job_id"])
+    world.tick()
+    world.slurm.start(a)
+    world.advance(120)
+    world.slurm.reclaim(a)
+    world.tick()
+    return a
+
+
 def rows(world: World) -> list[OutboxMessage]:
     with world.svc.sessions() as s:
         return list(s.execute(select(OutboxMessage).order_by(OutboxMessage.id)).scalars())
@@ -256,12 +267,7 @@ def test_a_reclaim_event_carries_the_policys_action(world: World) -> None:
     from broker.ops.notify import classify
     from policies import Action
 
-    a = world.submit(time="10m")["slurm_job_id"]
-    world.tick()
-    world.slurm.start(a)
-    world.advance(120)
-    world.slurm.reclaim(a)
-    world.tick()
+    reclaimed_after_two_minutes(world)
     with world.svc.sessions() as s:
         (ev,) = s.execute(select(Event).where(Event.kind == "reclaimed")).scalars()
         action = json.loads(ev.data_json)["policy"]
@@ -322,12 +328,7 @@ def test_readyz_needs_the_lease_a_recent_tick_and_slurm(world: World) -> None:
 def test_metrics_count_jobs_reclaims_spend_ticks_and_slurm_errors(world: World) -> None:
     stats = DaemonStats()
     world.svc.backend = CountingBackend(world.svc.backend, stats)  # type: ignore[assignment]
-    a = world.submit(time="10m")["slurm_job_id"]
-    world.tick()
-    world.slurm.start(a)
-    world.advance(120)
-    world.slurm.reclaim(a)
-    world.tick()
+    reclaimed_after_two_minutes(world)
     world.tick()
     stats.timed("reconcile", world.tick)()
 
