@@ -126,6 +126,10 @@ class Settings:
     ondemand_partition: str = "ondemand"
     slurm_backend: str = "auto"
     """'auto' (pyslurm when usable, else the command-line tools), 'cli' or 'pyslurm'."""
+    slurm_submit: str = "auto"
+    """How the daemon queues jobs: 'auto' (libslurm in the daemon when its module is built
+    for the running Slurm, ``python -m broker.slurm.native_build``; else sbatch as the
+    user), 'sbatch' or 'libslurm' (refused at start when not available)."""
     slurm_bin_dir: str = "/usr/bin"
     """Where Slurm's commands (sbatch, squeue, scontrol...) are. gbroker runs them by
     absolute path from here, never through anyone's PATH."""
@@ -244,6 +248,7 @@ _ENV = {
     "GBROKER_MAX_SPOT_RECLAIMS": "max_spot_reclaims",
     "GBROKER_ADMIN_GROUP": "admin_group",
     "GBROKER_SLURM_BACKEND": "slurm_backend",
+    "GBROKER_SLURM_SUBMIT": "slurm_submit",
     "GBROKER_SLURM_BIN_DIR": "slurm_bin_dir",
     "GBROKER_NODE_IDLE_SECONDS": "node_idle_seconds",
     "GBROKER_NODE_TICK_SECONDS": "node_tick_seconds",
@@ -418,7 +423,19 @@ def load_settings(
                               hint="it decides who alert commands run as; only root edits the config file")
         settings = replace(settings, **_from_mapping(clean, "command line"))
     _check_capacities(settings)
+    _check_choices(settings)
     return settings
+
+
+_CHOICES = {"slurm_backend": ("auto", "cli", "pyslurm"), "slurm_submit": ("auto", "sbatch", "libslurm")}
+
+
+def _check_choices(settings: Settings) -> None:
+    for name, allowed in _CHOICES.items():
+        value = getattr(settings, name)
+        if value not in allowed:
+            raise ConfigError(f"{name} = {value!r} is not one of: {', '.join(allowed)}",
+                              hint=f"set {name} to one of those")
 
 
 def _check_capacities(settings: Settings) -> None:

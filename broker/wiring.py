@@ -41,6 +41,7 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
     backend = kwargs.pop("backend", None) or make_backend(
         settings.slurm_backend,
         runner=Runner(default_timeout_s=settings.slurm_timeout_seconds, bin_dir=settings.slurm_bin_dir),
+        submit_with=settings.slurm_submit,
     )
     policy = kwargs.pop("policy", None) or make_policy(settings)
     return Services(settings=settings, sessions=sessions, reads=session_factory(engine, readonly=True),

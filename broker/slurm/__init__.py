@@ -27,8 +27,10 @@ def available_backends() -> list[str]:
     return names
 
 
-def make_backend(prefer: str = "auto", *, runner: Runner | None = None) -> Backend:
-    """The backend named ``prefer`` ("cli", "pyslurm"), or the best one for "auto"."""
+def make_backend(prefer: str = "auto", *, runner: Runner | None = None, submit_with: str = "sbatch") -> Backend:
+    """The backend named ``prefer`` ("cli", "pyslurm"), or the best one for "auto".
+
+    ``submit_with``: "sbatch", "libslurm" or "auto" (see ``Settings.slurm_submit``)."""
     from broker.errors import ConfigError
     from broker.slurm.cli_backend import CliBackend
 
@@ -41,13 +43,13 @@ def make_backend(prefer: str = "auto", *, runner: Runner | None = None) -> Backe
         from broker.slurm.pyslurm_backend import PyslurmBackend, pyslurm_usable
 
         if pyslurm_usable():
-            return PyslurmBackend(runner)
+            return PyslurmBackend(runner, submit_with=submit_with)
         if prefer == "pyslurm":
             raise ConfigError(
                 "the pyslurm backend is not usable here",
                 hint="install the pyslurm release that matches your Slurm, or use backend 'cli'",
             )
-    return CliBackend(runner)
+    return CliBackend(runner, submit_with=submit_with)
 
 
 __all__ = [

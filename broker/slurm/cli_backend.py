@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from broker.errors import BrokerError, SlurmError, SpecError
-from broker.slurm import arrays, parse
+from broker.errors import BrokerError, ConfigError, SlurmError, SpecError
+from broker.slurm import arrays, native, parse
 from broker.slurm.arrays import array_option
 from broker.slurm.backend import (
     UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest,
@@ -26,6 +26,9 @@ from broker.slurm.hostlist import compress
 from broker.slurm.runner import CompletedRun, RunFn, Runner, RunningCommand, clean_env
 
 log = logging.getLogger(__name__)
+
+SUBMIT_WITH = ("auto", "sbatch", "libslurm")
+"""How jobs are queued: libslurm in the daemon when it is built for this Slurm ("auto"), or always sbatch."""
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 """A GPU type as it may appear in ``--gres=gpu:TYPE:N`` (the spec checks users' names the same way)."""
@@ -74,11 +77,35 @@ class CliBackend(Backend):
         environ: Mapping[str, str] | None = None,
         query_timeout_s: float = 30.0,
         submit_timeout_s: float = 60.0,
+        submit_with: str = "sbatch",
     ) -> None:
         self.runner: RunFn = runner if runner is not None else Runner()
         self._environ = environ
         self.query_timeout_s = query_timeout_s
         self.submit_timeout_s = submit_timeout_s
+        self.native = self._load_native(submit_with)
+        """libslurm submission (:mod:`broker.slurm.native`), or None: sbatch as the user."""
+
+    def _running_version(self) -> str:
+        """What ``sinfo --version`` says (the release of the cluster's commands), or ''."""
+        try:
+            return self.runner.run(["sinfo", "--version"], timeout_s=self.query_timeout_s, env=self.query_env()).stdout
+        except BrokerError:
+            return ""
+
+    def _load_native(self, submit_with: str) -> native.Native | None:
+        if submit_with not in SUBMIT_WITH:
+            raise ConfigError(f"unknown way to submit {submit_with!r}", hint=f"choose one of: {', '.join(SUBMIT_WITH)}")
+        if submit_with == "sbatch":
+            return None
+        loaded = native.load(self._slurm_conf().get("SLURM_CONF"), self._running_version())
+        if loaded is None and submit_with == "libslurm":
+            raise ConfigError(
+                "submission through libslurm is not available here",
+                hint="build it for this Slurm with: python -m broker.slurm.native_build "
+                     "(needs libslurm-dev), or set slurm_submit = \"auto\"",
+            )
+        return loaded
 
     @property
     def calls(self):  # type: ignore[no-untyped-def]
@@ -174,7 +201,10 @@ class CliBackend(Backend):
         return argv
 
     def submit(self, req: SubmitRequest) -> int:
-        argv = self.sbatch_argv(req)
+        argv = self.sbatch_argv(req)  # validates the request, whichever way it is sent
+        if self.native is not None:
+            self.runner.counter.record(["libslurm.submit"])
+            return self.native.submit(req, self.submit_env(req), argv)
         result = self.runner.run(
             argv,
             timeout_s=self.submit_timeout_s,
@@ -188,6 +218,8 @@ class CliBackend(Backend):
     def start_submit(self, req: SubmitRequest) -> StartedSubmit | None:
         """sbatch as the user, started now, reading its script from stdin when ``finish`` writes it."""
         runner = self.runner
+        if self.native is not None:
+            return None  # one RPC in this process: nothing to start early
         if not isinstance(runner, Runner) or type(runner).run is not Runner.run:
             return None  # a test's runner (or one that wraps run): submit as usual
         try:
