@@ -2,7 +2,8 @@
 
 1. CLI start-up: `gbroker status` against `python -c "import click"`.
    Submit latency: `gbroker submit` (a whole CLI process talking to a running
-   daemon, which validates, stores the intent and runs sbatch as the user)
+   daemon, which validates, stores the intent and queues the job: with sbatch
+   as the user, or through libslurm in the daemon, one daemon of each)
    against plain `sbatch`, and against `python -c "import click"` followed by
    sbatch (the floor for any Python CLI in front of Slurm).
 2. Reconcile tick time with 100 and with 10,000 tracked jobs, and the number
@@ -130,35 +131,48 @@ def _median_walls(commands: dict[str, list[str]], env: dict[str, str], runs: int
     return {name: statistics.median(w) for name, w in walls.items()}
 
 
-def bench_submit(runs: int) -> dict[str, float]:
-    slurm_conf = dev_cluster_conf()
+def _start_daemon(slurm_conf: str, submit_with: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     # Measure the program as installed: with its compiled modules (daemon_env).
     work, env = daemon_env("gbroker-bench-", slurm_conf)
     env["GBROKER_TICK_SECONDS"] = "5"
+    env["GBROKER_SLURM_SUBMIT"] = submit_with
     sock = str(work / "sock")
     daemon = subprocess.Popen([sys.executable, "-m", "broker", "--socket", sock, "daemon", "--log-level", "WARNING"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for _ in range(100):
+        if os.path.exists(sock) or daemon.poll() is not None:
+            break
+        time.sleep(0.1)
+    if daemon.poll() is not None:
+        raise SystemExit(f"the daemon ({submit_with}) did not start: {daemon.stderr.read().decode()}")  # type: ignore[union-attr]
+    time.sleep(0.5)
+    return daemon, sock, env
+
+
+def bench_submit(runs: int) -> dict[str, float]:
+    """gbroker submit to a daemon queueing with sbatch and to one queueing through libslurm,
+    in the same rounds as the floors."""
+    slurm_conf = dev_cluster_conf()
+    daemons = {way: _start_daemon(slurm_conf, way) for way in ("sbatch", "libslurm")}
+    env = daemons["sbatch"][2]
     try:
-        for _ in range(100):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
         hold = ["--hold"]  # held jobs: measure submission, not scheduling
         sbatch = ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5", *hold, "--wrap", "sleep 1"]
-        gb = [*GBROKER, "--socket", sock, "submit", "--group", "vision", "--time", "5m", "--", "sleep", "1"]
         click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
-        status = [*GBROKER, "--socket", sock, "status"]
-        results = _median_walls({
+        commands = {
             "python -c 'import click'": [sys.executable, "-c", "import click"],
-            "gbroker status": status,
+            "gbroker status": [*GBROKER, "--socket", daemons["libslurm"][1], "status"],
             "sbatch": sbatch,
             "python+click+sbatch": click_then_sbatch,
-            "gbroker submit": gb,
-        }, env, runs, str(work))
+        }
+        for way, (_, sock, _) in daemons.items():
+            commands[f"gbroker submit ({way})"] = [*GBROKER, "--socket", sock, "submit", "--group", "vision",
+                                                   "--time", "5m", "--", "sleep", "1"]
+        results = _median_walls(commands, env, runs, os.path.dirname(daemons["sbatch"][1]))
     finally:
-        daemon.terminate()
-        daemon.wait(30)
+        for daemon, _, _ in daemons.values():
+            daemon.terminate()
+            daemon.wait(30)
         subprocess.run(["scancel", "-u", "root", "--name", "wrap"], env=env)
         ids = subprocess.run(["squeue", "-h", "-u", "root", "-o", "%i %j"], env=env, capture_output=True,
                              text=True).stdout
@@ -184,8 +198,10 @@ def main() -> None:
         print(f"submit latency, median of {args.runs} (ratio to plain sbatch):")
         for name, wall in sub.items():
             print(f"  {name:<22} {wall * 1000:8.1f} ms   x{wall / base:5.2f}")
-        print(f"  gbroker over python+click+sbatch: x{sub['gbroker submit'] / sub['python+click+sbatch']:.2f} "
-              f"(gbroker run as {' '.join(GBROKER)})")
+        for way in ("sbatch", "libslurm"):
+            print(f"  gbroker submit ({way}) over python+click+sbatch: "
+                  f"x{sub[f'gbroker submit ({way})'] / sub['python+click+sbatch']:.2f}")
+        print(f"  (gbroker run as {' '.join(GBROKER)}; the daemon queues with sbatch as the user, or through libslurm)")
         print(f"  load average {os.getloadavg()[0]:.2f} (1 min; {os.cpu_count()} CPUs)")
         if args.submit_only:
             return
