@@ -51,10 +51,10 @@ def _version(number: int) -> tuple[int, int]:
 def built_for() -> tuple[int, int] | None:
     """The Slurm release (major, minor) the module was built for, or None when it is not built."""
     try:
-        from broker.slurm import _slurm_native  # type: ignore[attr-defined]
+        from broker.slurm._slurm_native import lib  # type: ignore[import-not-found]
     except ImportError:
         return None
-    return _version(int(_slurm_native.lib.SLURM_VERSION_NUMBER))
+    return _version(int(lib.SLURM_VERSION_NUMBER))
 
 
 def load(conf: str | None, sinfo_version: str) -> Native | None:
@@ -63,11 +63,10 @@ def load(conf: str | None, sinfo_version: str) -> Native | None:
     ``sinfo_version``: what the cluster's ``sinfo --version`` printed; the module
     must have been built for that release (and links that release's library)."""
     try:
-        from broker.slurm import _slurm_native  # type: ignore[attr-defined]
+        from broker.slurm._slurm_native import ffi, lib  # type: ignore[import-not-found]
     except ImportError as exc:  # not built here, or built against a libslurmfull this machine lacks
         log.debug("libslurm submission not available: %s", exc)
         return None
-    ffi, lib = _slurm_native.ffi, _slurm_native.lib
     built = _version(int(lib.SLURM_VERSION_NUMBER))
     m = re.search(r"(\d+)\.(\d+)", sinfo_version)
     cluster = (int(m.group(1)), int(m.group(2))) if m else None

@@ -205,6 +205,10 @@ def _walk(node: ast.AST, lazy: bool = False) -> Iterator[tuple[ast.AST, bool]]:
         yield from _walk(child, inner)
 
 
+COMPILED = {"broker.slurm._slurm_native"}
+"""Modules compiled on the machine (broker/slurm/native_build.py): leaves that import nothing of ours."""
+
+
 @cache
 def imports_of(module: str) -> tuple[Import, ...]:
     path = modules()[module]
@@ -224,7 +228,7 @@ def imports_of(module: str) -> tuple[Import, ...]:
                 origin = node.module or ""
             names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules() else origin for a in node.names]
         for name in names:
-            if not _ours(name):
+            if not _ours(name) or name in COMPILED:
                 continue
             target = _resolve(name)
             assert target is not None, f"{_rel(path)}:{node.lineno} imports {name}, which is not in the tree"
