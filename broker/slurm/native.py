@@ -51,7 +51,7 @@ def _version(number: int) -> tuple[int, int]:
 def built_for() -> tuple[int, int] | None:
     """The Slurm release (major, minor) the module was built for, or None when it is not built."""
     try:
-        from broker.slurm._slurm_native import lib  # type: ignore[import-not-found]
+        from broker.slurm._slurm_native import lib  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
     return _version(int(lib.SLURM_VERSION_NUMBER))
@@ -63,7 +63,7 @@ def load(conf: str | None, sinfo_version: str) -> Native | None:
     ``sinfo_version``: what the cluster's ``sinfo --version`` printed; the module
     must have been built for that release (and links that release's library)."""
     try:
-        from broker.slurm._slurm_native import ffi, lib  # type: ignore[import-not-found]
+        from broker.slurm._slurm_native import ffi, lib  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:  # not built here, or built against a libslurmfull this machine lacks
         log.debug("libslurm submission not available: %s", exc)
         return None
