@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.slurm import available_backends, make_backend, native
+from broker.slurm import available_backends, make_backend
 from broker.slurm.backend import Backend, SacctRow, SlurmJob, SubmitRequest
 from broker.slurm.runner import DEFAULT_BIN_DIR, Runner
 from broker.slurm.script import render_batch_script
@@ -46,23 +46,11 @@ def wait_for(
         time.sleep(every)
 
 
-def _variants() -> list[str]:
-    """Every backend usable here, and the CLI one submitting through libslurm where its module
-    is built for the host's Slurm (another release's run submits with sbatch)."""
-    names = list(available_backends())
-    if not os.environ.get("GBROKER_SLURM_VERSION") and native.built_for() is not None:
-        names.append("cli+libslurm")
-    return names
-
-
-@pytest.fixture(params=_variants())
+@pytest.fixture(params=available_backends())
 def backend(request: pytest.FixtureRequest, slurm_cluster: Any) -> Backend:
     # gbroker's own setting: another release's cluster names its commands' directory there.
     bin_dir = os.environ.get("GBROKER_SLURM_BIN_DIR") or DEFAULT_BIN_DIR
-    name, _, submit_with = request.param.partition("+")
-    made = make_backend(name, runner=Runner(bin_dir=bin_dir), submit_with=submit_with or "sbatch")
-    assert (getattr(made, "native", None) is not None) == (submit_with == "libslurm")
-    return made
+    return make_backend(request.param, runner=Runner(bin_dir=bin_dir))
 
 
 def program_output(path: Path) -> str:
@@ -365,10 +353,6 @@ def test_controller_down_is_unavailable_not_an_error(
         script="#!/bin/bash\ntrue\n", partition="spot", job_name="gbct-dead", comment="x",
         account=None, user=None, workdir=str(tmp_path), nodes=1, gpus_per_node=0, time_limit_s=60,
     )  # fmt: skip
-    if getattr(backend, "native", None) is not None:
-        # libslurm is bound to the slurm.conf it started with (one per process), the live one:
-        # test_native_submit.py submits to a dead controller from a process started on this conf.
-        return
     with pytest.raises(SlurmUnavailable) as info:
         backend.submit(req)
     assert (

@@ -5,7 +5,9 @@ an sbatch process per job. These tests send the same requests both ways, as
 alice, and compare what Slurm stored (``scontrol show job``) and the environment
 the job's script saw. They run on the host's Slurm, where ``contrib/dev/setup``
 builds the module; another release's cluster submits with sbatch (the module is
-refused there, which the last test checks).
+refused there, which the last test checks). Beyond these, every daemon of the
+integration tests queues its jobs this way (``slurm_submit = "auto"``), and the
+backend contract tests keep proving sbatch, which other releases use.
 """
 
 from __future__ import annotations
