@@ -36,3 +36,35 @@ def test_missing_explicit_file_is_an_error(tmp_path):
 def test_missing_default_file_is_fine(tmp_path):
     s = load_settings(env={"GBROKER_CONFIG": str(tmp_path / "absent.toml")})
     assert s.policy == "gbroker"
+
+
+def test_how_jobs_are_queued_is_one_of_three_and_read_from_the_environment(tmp_path):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("")
+    assert load_settings(cfg, env={}).slurm_submit == "auto"
+    assert load_settings(cfg, env={"GBROKER_SLURM_SUBMIT": "sbatch"}).slurm_submit == "sbatch"
+    cfg.write_text('slurm_submit = "libslurm"\n')
+    assert load_settings(cfg, env={}).slurm_submit == "libslurm"
+    cfg.write_text('slurm_submit = "srun"\n')
+    with pytest.raises(ConfigError, match="slurm_submit = 'srun' is not one of: auto, sbatch, libslurm"):
+        load_settings(cfg, env={})
+    cfg.write_text('slurm_backend = "rest"\n')
+    with pytest.raises(ConfigError, match="slurm_backend"):
+        load_settings(cfg, env={})
+
+
+def test_a_backend_asked_for_libslurm_where_it_cannot_be_had_refuses_to_start():
+    from broker.slurm.cli_backend import CliBackend
+    from broker.slurm.runner import CallCounter, CompletedRun
+
+    class OtherRelease:  # a cluster whose commands say another release than the module's
+        counter = CallCounter()
+
+        def run(self, argv, **kw):
+            return CompletedRun(argv=argv, stdout="slurm 99.11.0\n", stderr="", returncode=0, elapsed_s=0.0)
+
+    with pytest.raises(ConfigError, match="native_build"):
+        CliBackend(OtherRelease(), submit_with="libslurm")
+    assert CliBackend(OtherRelease(), submit_with="auto").native is None
+    with pytest.raises(ConfigError, match="unknown way to submit"):
+        CliBackend(OtherRelease(), submit_with="pigeon")
