@@ -34,6 +34,7 @@ import socket
 import threading
 from typing import Any
 
+from broker import proc
 from broker.errors import SlurmError, SlurmUnavailable
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.runner import is_unavailable
@@ -101,7 +102,12 @@ class Native:
         """Queue ``req`` as ``req.user`` (or this process's user) with ``env`` as the job's
         environment; the job id. ``argv`` is the equivalent sbatch command, for messages."""
         ffi, lib = self.ffi, self.lib
-        pw = pwd.getpwnam(req.user) if req.user is not None else pwd.getpwuid(os.getuid())
+        if req.user is not None:
+            who = proc.identity(req.user)  # NotFound, with a hint, for an account that is gone
+            uid, gid, name, home = who.uid, who.gid, who.name, who.home
+        else:
+            pw = pwd.getpwuid(os.getuid())
+            uid, gid, name, home = pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir
         keep: list[Any] = []  # the C strings, alive until the call returns
 
         def c(text: str) -> Any:
@@ -111,7 +117,7 @@ class Native:
 
         d = ffi.new("job_desc_msg_t *")
         lib.slurm_init_job_desc_msg(d)
-        d.user_id, d.group_id = pw.pw_uid, pw.pw_gid
+        d.user_id, d.group_id = uid, gid
         d.script = c(req.script)
         d.name, d.partition, d.comment, d.work_dir = c(req.job_name), c(req.partition), c(req.comment), c(req.workdir)
         d.min_nodes = d.max_nodes = req.nodes
@@ -146,7 +152,7 @@ class Native:
             d.array_inx = c(req.array)
         job_env = {
             **env,
-            "HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
+            "HOME": home, "USER": name, "LOGNAME": name,
             # What sbatch sets of its own for the job:
             "SLURM_JOB_NAME": req.job_name, "SLURM_NTASKS_PER_NODE": str(req.ntasks_per_node),
             "SLURM_OPEN_MODE": "a", "SLURM_PRIO_PROCESS": "0",
