@@ -155,7 +155,7 @@ class Native:
             "HOME": home, "USER": name, "LOGNAME": name,
             # What sbatch sets of its own for the job:
             "SLURM_JOB_NAME": req.job_name, "SLURM_NTASKS_PER_NODE": str(req.ntasks_per_node),
-            "SLURM_OPEN_MODE": "a", "SLURM_PRIO_PROCESS": "0",
+            "SLURM_OPEN_MODE": "a", "SLURM_PRIO_PROCESS": str(os.getpriority(os.PRIO_PROCESS, 0)),
             "SLURM_SUBMIT_DIR": req.workdir, "SLURM_SUBMIT_HOST": self._host,
         }
         entries = [c(f"{k}={v}") for k, v in job_env.items()]
