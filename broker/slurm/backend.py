@@ -27,10 +27,12 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from broker.errors import SpecError
 from broker.states import AttemptState, NodeState
 
 UPDATE_FIELDS: dict[str, str] = {
@@ -282,3 +284,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def ping(self) -> bool:
         """True when the controller answers."""
+
+
+def time_limit_minutes(seconds: int) -> int:
+    """Slurm limits are whole minutes; round up so a job never gets less than asked."""
+    if seconds <= 0:
+        raise SpecError(f"time limit must be positive, got {seconds}s")
+    return max(1, math.ceil(seconds / 60))

@@ -10,20 +10,23 @@ SLURM_CONF comes from the environment, like every other Slurm client.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from broker.errors import BrokerError, ConfigError, SlurmError, SpecError
-from broker.slurm import arrays, native, parse
+from broker.slurm import arrays, parse
 from broker.slurm.arrays import array_option
 from broker.slurm.backend import (
-    UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest,
+    UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest, time_limit_minutes,
 )
 from broker.slurm.hostlist import compress
 from broker.slurm.runner import CompletedRun, RunFn, Runner, RunningCommand, clean_env
+
+if TYPE_CHECKING:
+    from broker.slurm.native import Native
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +61,6 @@ def _fmt_time(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def time_limit_minutes(seconds: int) -> int:
-    """Slurm limits are whole minutes; round up so a job never gets less than asked."""
-    if seconds <= 0:
-        raise SpecError(f"time limit must be positive, got {seconds}s")
-    return max(1, math.ceil(seconds / 60))
-
-
 class CliBackend(Backend):
     """Slurm through squeue/sacct/sinfo/sbatch/scontrol/scancel."""
 
@@ -93,11 +89,13 @@ class CliBackend(Backend):
         except BrokerError:
             return ""
 
-    def _load_native(self, submit_with: str) -> native.Native | None:
+    def _load_native(self, submit_with: str) -> Native | None:
         if submit_with not in SUBMIT_WITH:
             raise ConfigError(f"unknown way to submit {submit_with!r}", hint=f"choose one of: {', '.join(SUBMIT_WITH)}")
         if submit_with == "sbatch":
             return None
+        from broker.slurm import native  # ctypes and the compiled module: only when it may be used
+
         loaded = native.load(self._slurm_conf().get("SLURM_CONF"), self._running_version())
         if loaded is None and submit_with == "libslurm":
             raise ConfigError(

@@ -36,7 +36,7 @@ from typing import Any
 
 from broker import proc
 from broker.errors import SlurmError, SlurmUnavailable
-from broker.slurm.backend import SubmitRequest
+from broker.slurm.backend import SubmitRequest, time_limit_minutes
 from broker.slurm.runner import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,20 @@ def _version(number: int) -> tuple[int, int]:
     return (number >> 16) & 0xFF, (number >> 8) & 0xFF
 
 
+def _module() -> tuple[Any, Any] | None:
+    """The compiled module's ``ffi`` and ``lib``, or None when it is not built (or cannot load here)."""
+    try:
+        from broker.slurm._slurm_native import ffi, lib  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:  # not built here, or built against a libslurmfull this machine lacks
+        log.debug("libslurm submission not available: %s", exc)
+        return None
+    return ffi, lib
+
+
 def built_for() -> tuple[int, int] | None:
     """The Slurm release (major, minor) the module was built for, or None when it is not built."""
-    try:
-        from broker.slurm._slurm_native import lib  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return _version(int(lib.SLURM_VERSION_NUMBER))
+    module = _module()
+    return None if module is None else _version(int(module[1].SLURM_VERSION_NUMBER))
 
 
 def load(conf: str | None, sinfo_version: str) -> Native | None:
@@ -63,11 +70,10 @@ def load(conf: str | None, sinfo_version: str) -> Native | None:
 
     ``sinfo_version``: what the cluster's ``sinfo --version`` printed; the module
     must have been built for that release (and links that release's library)."""
-    try:
-        from broker.slurm._slurm_native import ffi, lib  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:  # not built here, or built against a libslurmfull this machine lacks
-        log.debug("libslurm submission not available: %s", exc)
+    module = _module()
+    if module is None:
         return None
+    ffi, lib = module
     built = _version(int(lib.SLURM_VERSION_NUMBER))
     m = re.search(r"(\d+)\.(\d+)", sinfo_version)
     cluster = (int(m.group(1)), int(m.group(2))) if m else None
@@ -123,7 +129,7 @@ class Native:
         d.min_nodes = d.max_nodes = req.nodes
         d.ntasks_per_node = req.ntasks_per_node
         d.num_tasks = req.nodes * req.ntasks_per_node
-        d.time_limit = max(1, -(-req.time_limit_s // 60))
+        d.time_limit = time_limit_minutes(req.time_limit_s)
         d.requeue = 1 if req.requeue else 0
         d.open_mode = lib.OPEN_MODE_APPEND
         if req.account:
