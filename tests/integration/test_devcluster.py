@@ -427,6 +427,13 @@ def _proc_state(pid: int) -> str:
         return "gone"
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _our_processes(state_dir: Path) -> list[int]:
     """Live daemons and node/job processes that belong to this state dir.
 
@@ -502,9 +509,21 @@ def test_down_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path
     job = sbatch(slurm_cluster, "-p", "spot", "-w", node, "-J", "dc-down", "-o", "/dev/null",
                  "--no-requeue", "--wrap", "sleep 600")
     wait_running(slurm_cluster, job)
+    # RUNNING is the controller's word; slurmstepd forks the script a moment later.
+    want = {"munged", "slurmctld", "slurmdbd", "slurmd", "slurmstepd", "sleep"}
+
+    def names_now() -> set[str]:
+        return {_comm(p) for p in _our_processes(slurm_cluster.state_dir)} - {""}
+
+    try:
+        slurm_cluster.wait_for(lambda: want <= names_now(), 30, what="the job's sleep to start")
+    except BaseException:
+        # Leave no job on the node for the tests after this one (they power nodes down).
+        slurm_cluster.run(["scancel", job], check=False)
+        raise
     before = _our_processes(slurm_cluster.state_dir)
-    names = {Path(f"/proc/{p}/comm").read_text().strip() for p in before}
-    assert {"munged", "slurmctld", "slurmdbd", "slurmd", "slurmstepd", "sleep"} <= names, names
+    names = {_comm(p) for p in before}
+    assert want <= names, names
     assert names & {"mariadbd", "mysqld"}, names
     proc = subprocess.run([str(slurm_cluster.devcluster), "down"], check=False,
                           capture_output=True, text=True, env=slurm_cluster.env, timeout=180)
