@@ -515,7 +515,17 @@ class Client:
         Without one a key is made here, so a retry after a lost answer (a daemon restart)
         still names the same job.
         """
-        return SubmitResult.from_dict(self.call("submit", repeatable=True, spec=spec, key=key or new_key()))
+        log = _own_log(spec) if self._transport is None else None
+        try:
+            answer = self.call("submit", repeatable=True, spec=spec, key=key or new_key(),
+                               **({"log": log} if log else {}))
+            result = SubmitResult.from_dict(answer)
+        except BaseException:
+            _remove(log)  # refused: no job, so no log
+            raise
+        if log and result.raw.get("log") != log:
+            _remove(log)  # the key's first submission made the job, with its own log
+        return result
 
     def status(self, *, all_users: bool = False, limit: int = 200) -> list[Job]:
         """Your jobs that have not ended, newest first (``all_users``: everyone's, admins only)."""
@@ -575,6 +585,47 @@ class Client:
     def burndown(self, *, semester: str | None = None) -> dict[str, Any]:
         """Per group, the semester's spend over time with the forecast (plain data, for charts)."""
         return _dict(self.call("burndown", semester=semester), "burn-down")
+
+
+def _own_log(spec: dict[str, Any]) -> str | None:
+    """The job's log, made by this process (so as the user who submits; ``broker.joblog``).
+
+    None when the spec does not say plainly where and under what name (the daemon
+    then checks the spec and makes the log as the user itself). A workdir the user
+    cannot write to is refused here, with the daemon's words."""
+    from broker import joblog
+
+    name, workdir = spec.get("name"), spec.get("workdir")
+    if workdir is None:  # the daemon's default: the owner's home, as the password database says
+        import pwd
+
+        try:
+            workdir = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            return None
+    if not (isinstance(name, str) and isinstance(workdir, str) and workdir.startswith("/")
+            and NAME_CHARS.issuperset(name) and 0 < len(name) <= 64 and not name.startswith("-")):
+        return None
+    try:
+        return joblog.create_own(workdir, name)
+    except OSError as exc:
+        user = os.environ.get("USER") or str(os.getuid())
+        raise SpecError(
+            f"workdir {workdir}: cannot create the job's log there as {user} ({exc.strerror or exc})",
+            hint="submit from a directory of yours, or set workdir to one you can write",
+        ) from None
+
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+"""The letters of a job name (``broker.spec.NAME_RE``)."""
+
+
+def _remove(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def new_key() -> str:

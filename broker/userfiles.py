@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from broker import proc
+from broker import joblog, proc
 from broker.checkpoint import MANIFEST
 from broker.errors import BrokerError, SpecError
 
@@ -124,8 +124,8 @@ class UserFiles:
         a file someone planted), mode 0600. Raises SpecError when the owner may
         not create it there.
         """
-        template = f"{workdir.rstrip('/')}/gbroker-{name}-XXXXXX"
-        result = proc.run(["mktemp", "--suffix=.out", "--", template], env=CHILD_ENV,
+        template = joblog.mktemp_template(workdir, name)
+        result = proc.run(["mktemp", f"--suffix={joblog.SUFFIX}", "--", template], env=CHILD_ENV,
                           timeout_s=LOG_CREATE_TIMEOUT_S, user=proc.identity(owner), max_output=8192)
         path = result.out.strip()
         if result.returncode != 0 or not path.startswith("/"):

@@ -66,6 +66,8 @@ class Job(Base):
     capacity: Mapped[Capacity] = mapped_column(EnumText(Capacity, 16), default=Capacity.NONE)
     """What the job runs on (or is aimed at) now."""
     partition: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    gpus: Mapped[int | None] = mapped_column(Integer)
+    """GPUs the job holds when it runs (nodes x GPUs per node, from its spec)."""
     reclaims: Mapped[int] = mapped_column(Integer, default=0)
     failures: Mapped[int] = mapped_column(Integer, default=0)
     """Failures of the program itself (counted against spec.max_retries)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, or_, select, update
+from sqlalchemy import CursorResult, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -39,6 +39,13 @@ __all__ = [
     "attempts_by_slurm_id",
     "create_job",
     "default_db_url",
+    "event_row",
+    "insert_events",
+    "insert_first_attempt",
+    "insert_job",
+    "job_values",
+    "key_is_stored",
+    "state_event_row",
     "get_job",
     "get_job_by_key",
     "job_attempts",
@@ -174,36 +181,63 @@ def create_job(
     estimate_micros: int = 0,
     reserved_micros: int = 0,
     reason: str = "",
+    log_path: str | None = None,
 ) -> Job:
     """Store a new job (and a "created" event), or return the job already stored under ``key``.
 
     Safe against a concurrent insert of the same key: the insert is
     ON CONFLICT DO NOTHING, and the loser reads the winner's row.
     """
-    text = spec_json(spec)
-    values: dict[str, Any] = {
-        "key": key, "owner_uid": owner_uid, "owner_name": owner_name, "group_name": spec.group,
-        "name": spec.name, "kind": spec.kind, "spec_json": text, "state": state,
-        "placement_policy": placement_policy, "capacity": capacity, "partition": partition,
-        "estimate_micros": estimate_micros, "reserved_micros": reserved_micros, "deadline": spec.deadline,
-        "reason": reason, "created_at": now, "updated_at": now,
-    }
-    if _upsert_dialect(session) == "postgresql":
-        stmt: Any = postgresql.insert(Job).values(values).on_conflict_do_nothing(index_elements=[Job.key])
-    else:
-        stmt = sqlite.insert(Job).values(values).on_conflict_do_nothing(index_elements=[Job.key])
-    new_id = session.execute(stmt.returning(Job.id)).scalar_one_or_none()
+    values = job_values(key=key, spec=spec, owner_uid=owner_uid, owner_name=owner_name, now=now, state=state,
+                        placement_policy=placement_policy, capacity=capacity, partition=partition,
+                        estimate_micros=estimate_micros, reserved_micros=reserved_micros, reason=reason,
+                        log_path=log_path)
+    new_id = insert_job(session, values)
     if new_id is None:
         raced = get_job_by_key(session, key)
         assert raced is not None, "ON CONFLICT fired but the row is gone"
-        return check_same_request(raced, owner_uid, text)
-    add_event(session, "created", f"job {key} created as {state.value}", now=now, job_id=new_id,
-              data={"key": key, "owner_uid": owner_uid, "state": state.value})
+        return check_same_request(raced, owner_uid, values["spec_json"])
     # A new job has no attempts: its list is not loaded (one query fewer on every submission).
     job = session.get(Job, new_id, options=[lazyload(Job.attempts)])
     assert job is not None
     set_committed_value(job, "attempts", [])
     return job
+
+
+def job_values(
+    *, key: str, spec: JobSpec, owner_uid: int, owner_name: str, now: datetime, state: JobState,
+    placement_policy: str, capacity: Capacity, partition: str | None, estimate_micros: int,
+    reserved_micros: int, reason: str, log_path: str | None,
+) -> dict[str, Any]:
+    """The row of a new job (what ``insert_job`` stores)."""
+    return {
+        "key": key, "owner_uid": owner_uid, "owner_name": owner_name, "group_name": spec.group,
+        "name": spec.name, "kind": spec.kind, "spec_json": spec_json(spec), "state": state,
+        "placement_policy": placement_policy, "capacity": capacity, "partition": partition,
+        "estimate_micros": estimate_micros, "reserved_micros": reserved_micros, "deadline": spec.deadline,
+        "reason": reason, "created_at": now, "updated_at": now, "log_path": log_path, "gpus": spec.gpus,
+        "reclaims": 0, "failures": 0, "done_s": 0,
+    }
+
+
+_INSERT_JOB = {
+    dialect.__name__.rsplit(".", 1)[-1]: dialect.insert(Job.__table__)
+    .on_conflict_do_nothing(index_elements=["key"]).returning(Job.__table__.c.id)
+    for dialect in (postgresql, sqlite)
+}
+"""Made once: building a statement costs more than running it (the values come with each run)."""
+
+
+def insert_job(session: Session, values: dict[str, Any]) -> int | None:
+    """Insert a job row (``job_values``) and its "created" event, without loading it; its id,
+    or None when a job with that key exists (ON CONFLICT DO NOTHING: nothing is written)."""
+    new_id = session.connection().execute(_INSERT_JOB[_upsert_dialect(session)], values).scalar_one_or_none()
+    if new_id is not None:
+        insert_events(session, [event_row(
+            "created", f"job {values['key']} created as {values['state'].value}", now=values["created_at"],
+            job_id=new_id, data={"key": values["key"], "owner_uid": values["owner_uid"],
+                                 "state": values["state"].value})])
+    return new_id
 
 
 def check_same_request(job: Job, owner_uid: int, text: str) -> Job:
@@ -222,6 +256,14 @@ def get_job(session: Session, job_id: int) -> Job | None:
 
 def get_job_by_key(session: Session, key: str) -> Job | None:
     return session.execute(select(Job).where(Job.key == key)).scalar_one_or_none()
+
+
+def key_is_stored(session: Session, key: str) -> bool:
+    """Is there a job with this key? (Asked at every submission: a row check, nothing loaded.)"""
+    return session.connection().execute(_KEY_STORED, {"key": key}).first() is not None
+
+
+_KEY_STORED = select(Job.__table__.c.id).where(Job.__table__.c.key == bindparam("key"))
 
 
 def list_jobs(
@@ -272,9 +314,14 @@ def set_job_state(session: Session, job: Job, state: JobState, reason: str, now:
     job.updated_at = now
     if state in TERMINAL:
         job.finished_at = now
-    add_event(session, "state", f"{old.value} -> {state.value}" + (f": {reason}" if reason else ""),
-              now=now, job_id=job.id, data={"from": old.value, "to": state.value, "reason": reason})
+    session.add(Event(**state_event_row(job.id, old, state, reason, now)))
     return True
+
+
+def state_event_row(job_id: int, old: JobState, new: JobState, reason: str, now: datetime) -> dict[str, Any]:
+    """The event a job's move from ``old`` to ``new`` logs."""
+    return event_row("state", f"{old.value} -> {new.value}" + (f": {reason}" if reason else ""), now=now,
+                     job_id=job_id, data={"from": old.value, "to": new.value, "reason": reason})
 
 
 # --------------------------------------------------------------------------- attempts
@@ -300,6 +347,20 @@ def add_attempt(
     job.attempts.append(attempt)
     session.flush()
     return attempt
+
+
+def insert_first_attempt(session: Session, job_id: int, *, partition: str | None, capacity: Capacity,
+                         now: datetime) -> int:
+    """Record the intent to run a job just inserted (``insert_job``) the first time, without
+    loading either; the attempt's id. (``add_attempt`` does it for a loaded job, any time.)"""
+    return int(session.connection().execute(_INSERT_ATTEMPT, {
+        "job_id": job_id, "number": 1, "partition": partition, "capacity": capacity,
+        "state": AttemptState.SUBMITTING, "created_at": now, "nodes": "", "lost_s": 0, "slurm_restarts": 0,
+    }).scalar_one())
+
+
+_INSERT_ATTEMPT = insert(Attempt.__table__).returning(Attempt.__table__.c.id)
+_INSERT_EVENT = insert(Event.__table__)
 
 
 def job_attempts(session: Session, job_id: int) -> list[Attempt]:
@@ -329,10 +390,22 @@ def add_event(
     data: dict[str, Any] | None = None,
 ) -> Event:
     """Append an event. Events are never changed or deleted (the database refuses)."""
-    ev = Event(job_id=job_id, at=now, kind=kind, message=message,
-               data_json=json.dumps(data or {}, sort_keys=True))
+    ev = Event(**event_row(kind, message, now=now, job_id=job_id, data=data))
     session.add(ev)
     return ev
+
+
+def event_row(kind: str, message: str = "", *, now: datetime, job_id: int | None = None,
+              data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An event as a row (``add_event`` stores one as an object, ``insert_events`` rows as they are)."""
+    return {"job_id": job_id, "at": now, "kind": kind, "message": message,
+            "data_json": json.dumps(data or {}, sort_keys=True)}
+
+
+def insert_events(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Append events given as rows (``event_row``), in one statement, without loading them."""
+    if rows:
+        session.connection().execute(_INSERT_EVENT, rows)
 
 
 def job_events(session: Session, job_id: int) -> list[Event]:

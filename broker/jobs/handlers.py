@@ -30,8 +30,8 @@ def handlers(svc: Services) -> dict[str, Handler]:
         return {"user": caller.name, "uid": caller.uid, "admin": caller.is_admin}
 
     def do_submit(caller: Caller, args: dict[str, Any]) -> Any:
-        only_args(args, "submit", "spec", "key")
-        return submit(svc, caller, args.get("spec"), args.get("key"))
+        only_args(args, "submit", "spec", "key", "log")
+        return submit(svc, caller, args.get("spec"), args.get("key"), args.get("log"))
 
     def do_list(caller: Caller, args: dict[str, Any]) -> Any:
         only_args(args, "list", "active", "all_users", "limit", "user", "group", "state", "partitions")

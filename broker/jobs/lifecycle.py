@@ -16,8 +16,10 @@ at every tick.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from broker.db import store
@@ -76,10 +78,51 @@ def attempt_submitted(s: Session, job: Job, att: Attempt, slurm_id: int, now: da
     if wanted:
         _to(att, AttemptState.PENDING)
         if job.state in (JobState.ADMITTED, JobState.RECOVERING, JobState.UNKNOWN):
-            store.set_job_state(s, job, JobState.PENDING, f"Slurm job {slurm_id}", now=now)
-    store.add_event(s, "submitted", f"attempt {att.number} is Slurm job {slurm_id} on {att.partition}",
-                    now=now, job_id=job.id)
+            store.set_job_state(s, job, JobState.PENDING, _submitted_reason(slurm_id), now=now)
+    store.add_event(s, "submitted", _submitted_message(att.number, slurm_id, att.partition), now=now, job_id=job.id)
     return wanted
+
+
+def first_attempt_submitted(s: Session, job_id: int, attempt_id: int, slurm_id: int, now: datetime) -> Any | None:
+    """``attempt_submitted`` for a job just submitted, as rows (nothing is loaded): the job
+    still admitted and its attempt still submitting, both become pending. The job's row as
+    it is now (for its summary); None, changing nothing, when they are not in those states
+    (cancelled meanwhile, say): then load them and call ``attempt_submitted``."""
+    conn = s.connection()
+    row = conn.execute(_JOB_AND_ATTEMPT, {"job_id": job_id, "attempt_id": attempt_id}).one_or_none()
+    if row is None or row.state != JobState.ADMITTED or row.attempt_state != AttemptState.SUBMITTING:
+        return None
+    assert can_move_attempt(AttemptState.SUBMITTING, AttemptState.PENDING)
+    reason = _submitted_reason(slurm_id)
+    conn.execute(_ATTEMPT_PENDING, {"attempt_id": attempt_id, "slurm_job_id": slurm_id, "submitted_at": now,
+                                    "state": AttemptState.PENDING})
+    conn.execute(_JOB_PENDING, {"job_id": job_id, "state": JobState.PENDING, "reason": reason, "updated_at": now})
+    store.insert_events(s, [
+        store.state_event_row(job_id, JobState.ADMITTED, JobState.PENDING, reason, now),
+        store.event_row("submitted", _submitted_message(row.attempt_number, slurm_id, row.attempt_partition),
+                        now=now, job_id=job_id),
+    ])
+    return SimpleNamespace(**{**row._asdict(), "state": JobState.PENDING, "reason": reason, "updated_at": now})
+
+
+_jobs, _attempts = Job.__table__, Attempt.__table__
+_JOB_AND_ATTEMPT = (
+    select(_jobs, _attempts.c.state.label("attempt_state"), _attempts.c.number.label("attempt_number"),
+           _attempts.c.partition.label("attempt_partition"))
+    .join_from(_jobs, _attempts, _attempts.c.job_id == _jobs.c.id)
+    .where(_attempts.c.id == bindparam("attempt_id"), _jobs.c.id == bindparam("job_id"))
+)
+_ATTEMPT_PENDING = update(_attempts).where(_attempts.c.id == bindparam("attempt_id"))
+_JOB_PENDING = update(_jobs).where(_jobs.c.id == bindparam("job_id"))
+"""Made once (``first_attempt_submitted`` runs on every submission; the values come with each run)."""
+
+
+def _submitted_reason(slurm_id: int) -> str:
+    return f"Slurm job {slurm_id}"
+
+
+def _submitted_message(number: int, slurm_id: int, partition: str | None) -> str:
+    return f"attempt {number} is Slurm job {slurm_id} on {partition}"
 
 
 def attempt_pending(att: Attempt) -> None:

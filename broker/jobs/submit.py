@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 
-from broker import proc
+from broker import joblog, proc
 from broker.pieces import capped
 from broker.caller import Caller
 from broker.db import store
@@ -30,7 +30,7 @@ from broker.db.array_models import ArrayBatch
 from broker.jobs import arrays, lifecycle
 from broker.jobs.chains import chain_blocks, check_after
 from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
-from broker.jobs.views import job_summary
+from broker.jobs.views import job_summary, summary_of
 from broker.slurm.backend import StartedSubmit, SubmitRequest
 from broker.slurm.script import ArrayPart, render_batch_script
 from broker.spec import JobSpec, spec_from_dict
@@ -53,12 +53,15 @@ def slurm_name(key: str, attempt_number: int) -> str:
     return f"{key}-{attempt_number}"
 
 
-def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> dict[str, Any]:
+def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: Any = None) -> dict[str, Any]:
     """Admit and submit one job; with a key that names a job of the caller's, return that job.
 
     Everything that can refuse the job (the spec, the batch script and sbatch
     options, Slurm's pre-flight, the job log, quota and budget) runs before
     anything is stored: a refused submission leaves no row.
+
+    ``log``: the job's log file, made by the client as the caller (``broker.joblog``);
+    without one the daemon makes it, as the caller. The daemon never opens it.
     """
     now = svc.clock.now()
     if not isinstance(spec_data, dict):
@@ -92,7 +95,9 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
         with svc.sessions() as s:
             check_after(s, caller.uid, caller.is_admin, spec.after)
     preflight(svc, caller, spec, partition, Capacity(capacity))
-    log_path = svc.files.create_log(caller.name, default_workdir(spec, caller.name), spec.name)
+    workdir = default_workdir(spec, caller.name)
+    made_here = log is None
+    log_path = svc.files.create_log(caller.name, workdir, spec.name) if made_here else _given_log(log, workdir, spec)
 
     def first_request(job_id: int) -> SubmitRequest:
         return request_for(spec, job_id=job_id, key=key, attempt_number=1, partition=partition,
@@ -106,13 +111,22 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None) -> di
         try:
             job_id, attempt_id, note = _store_intent(svc, caller, spec, key, capacity, partition, placed_by,
                                                      log_path, now)
+        except _KeyTaken:
+            if made_here:
+                svc.files.remove(caller.name, log_path)
+            again = _already_submitted(svc, caller, key, spec, now)
+            assert again is not None, "the key's job is gone"
+            return again
         except BaseException:
-            svc.files.remove(caller.name, log_path)  # refused after all: leave nothing behind
+            if made_here:  # refused after all: leave nothing behind (a client removes the log it made)
+                svc.files.remove(caller.name, log_path)
             raise
         svc.crash.reach("after_intent")
         plain = not spec.after and not spec.is_array
-        return _submit_stored(svc, spec, job_id, attempt_id, note, now, early,
-                              first_request(job_id) if plain else None)
+        answer = _submit_stored(svc, spec, job_id, attempt_id, note, now, early,
+                                first_request(job_id) if plain else None)
+        answer["log"] = log_path
+        return answer
     finally:
         if early is not None:
             early[1].abort()  # not given its script (refused, or the request changed): nothing is queued
@@ -178,6 +192,17 @@ def _submit_stored(svc: Services, spec: JobSpec, job_id: int, attempt_id: int, n
     return result
 
 
+def _given_log(log: Any, workdir: str, spec: JobSpec) -> str:
+    """The log a client made for the job: only a name ``broker.joblog`` makes, in the job's workdir."""
+    if not isinstance(log, str) or not joblog.is_log_name(log, workdir, spec.name):
+        raise SpecError(
+            f"log: {str(log)[:80]!r} is not a log made for job {spec.name} in {workdir}",
+            hint=f"leave it out (gbroker makes the log), or name {joblog.mktemp_template(workdir, spec.name)}"
+            f"{joblog.SUFFIX} with the Xs random letters or digits",
+        )
+    return log
+
+
 def _job_key(key: Any) -> str:
     if key is None:
         return new_key()
@@ -190,11 +215,14 @@ def _job_key(key: Any) -> str:
 def _already_submitted(svc: Services, caller: Caller, key: str, spec: JobSpec, now: datetime) -> dict[str, Any] | None:
     """The job a retried submission (same key) made the first time, or None for a new key."""
     with svc.read() as s:
+        if not store.key_is_stored(s, key):
+            return None
         job = store.get_job_by_key(s, key)
         if job is None:
             return None
         store.check_same_request(job, caller.uid, store.spec_json(spec))
         result = job_summary(s, job, now)
+        result["log"] = job.log_path
     result["note"] = "already submitted with this key: this is the job the first request made"
     return result
 
@@ -206,47 +234,53 @@ def _store_intent(
     """Admission and the intent in one locked transaction; (job id, attempt id, admission note)."""
     with svc.tx() as s:
         admission = admit(s, svc, caller, spec, capacity, partition, now)
-        job = store.create_job(
-            s,
-            key=key,
-            spec=spec,
-            owner_uid=caller.uid,
-            owner_name=caller.name,
-            placement_policy=svc.policy.name,
-            capacity=Capacity(capacity),
-            partition=partition,
-            estimate_micros=admission.estimate_micros,
-            reserved_micros=admission.reserved_micros,
-            now=now,
+        values = store.job_values(
+            key=key, spec=spec, owner_uid=caller.uid, owner_name=caller.name, now=now, state=JobState.ADMITTED,
+            placement_policy=svc.policy.name, capacity=Capacity(capacity), partition=partition,
+            estimate_micros=admission.estimate_micros, reserved_micros=admission.reserved_micros, reason="",
+            log_path=log_path,
         )
-        job.log_path = log_path
-        if spec.is_array:
-            # An array: its pieces and first batch; "attempt id" -batch id (batch claims are negative).
-            batch = arrays.store_pieces(s, job, spec, partition, Capacity(capacity), now)
-            count = len(spec.array().chunks())
-            store.add_event(s, "intent", f"place {count} pieces on {partition} ({placed_by}); sbatch next",
-                            now=now, job_id=job.id)
-            job_id, attempt_id = job.id, -batch.id
-            svc.claim_sbatch(arrays.claim_id(batch.id))
+        if not spec.is_array:
+            # A plain job: its rows are written as they are (no object is loaded; the submit
+            # path's cost is mostly the ORM's, and nothing here needs the objects).
+            new_id = store.insert_job(s, values)
+            if new_id is None:
+                raise _KeyTaken()  # stored meanwhile under this key (another daemon): answer with that job
+            attempt_id = store.insert_first_attempt(s, new_id, partition=partition, capacity=Capacity(capacity),
+                                                    now=now)
+            store.insert_events(s, [store.event_row("intent", f"place on {partition} ({placed_by}); sbatch next",
+                                                    now=now, job_id=new_id)])
+            # Claimed before it is visible: a tick must not sbatch it as well (the
+            # transaction holds the service lock, so no tick reads in between).
+            svc.claim_sbatch(attempt_id)
             try:
                 s.commit()
             except BaseException:
-                svc.sbatch_finished(arrays.claim_id(batch.id), committed=False)
+                svc.sbatch_finished(attempt_id, committed=False)
                 raise
-            return job_id, attempt_id, admission.note
-        attempt = store.add_attempt(s, job, partition=partition, capacity=Capacity(capacity), now=now)
-        store.add_event(s, "intent", f"place on {partition} ({placed_by}); sbatch next", now=now, job_id=job.id)
-        s.flush()
-        job_id, attempt_id = job.id, attempt.id
-        # Claimed before it is visible: a tick must not sbatch it as well (the
-        # transaction holds the service lock, so no tick reads in between).
-        svc.claim_sbatch(attempt_id)
+            return new_id, attempt_id, admission.note
+        # An array: its pieces and first batch; "attempt id" -batch id (batch claims are negative).
+        job = store.create_job(
+            s, key=key, spec=spec, owner_uid=caller.uid, owner_name=caller.name, placement_policy=svc.policy.name,
+            capacity=Capacity(capacity), partition=partition, estimate_micros=admission.estimate_micros,
+            reserved_micros=admission.reserved_micros, now=now, log_path=log_path,
+        )
+        batch = arrays.store_pieces(s, job, spec, partition, Capacity(capacity), now)
+        count = len(spec.array().chunks())
+        store.add_event(s, "intent", f"place {count} pieces on {partition} ({placed_by}); sbatch next",
+                        now=now, job_id=job.id)
+        job_id, claim = job.id, arrays.claim_id(batch.id)
+        svc.claim_sbatch(claim)
         try:
             s.commit()
         except BaseException:
-            svc.sbatch_finished(attempt_id, committed=False)
+            svc.sbatch_finished(claim, committed=False)
             raise
-    return job_id, attempt_id, admission.note
+    return job_id, -batch.id, admission.note
+
+
+class _KeyTaken(Exception):
+    """The job key was stored between the check for it and the insert (by another daemon)."""
 
 
 def stored_spec(job: Job) -> JobSpec:
@@ -321,11 +355,18 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
         svc.crash.reach("after_sbatch")
         at = svc.clock.now()
         with svc.tx() as s:
-            job = must_get(s, Job, job_id)
-            wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, at)
-            if summary_into is not None:
-                s.flush()
-                summary_into.update(job_summary(s, job, now or at))
+            # The submit's own first attempt, as it usually finds it: by rows; else by objects.
+            row = (lifecycle.first_attempt_submitted(s, job_id, attempt_id, slurm_id, at)
+                   if summary_into is not None else None)
+            if row is not None:
+                wanted = True
+                summary_into.update(summary_of(row, attempts=1, slurm_job_id=slurm_id, now=now or at))  # type: ignore[union-attr]
+            else:
+                job = must_get(s, Job, job_id)
+                wanted = lifecycle.attempt_submitted(s, job, must_get(s, Attempt, attempt_id), slurm_id, at)
+                if summary_into is not None:
+                    s.flush()
+                    summary_into.update(job_summary(s, job, now or at))
         committed = True
     finally:
         svc.sbatch_finished(attempt_id, committed=committed)

@@ -19,7 +19,7 @@ def _iso(dt: datetime | None) -> str | None:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _age(job: Job, now: datetime) -> int:
+def _age(job: Any, now: datetime) -> int:
     created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
     return max(0, int((now - created).total_seconds()))
 
@@ -29,6 +29,13 @@ def job_summary(session: Session, job: Job, now: datetime) -> dict[str, Any]:
         select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number.desc()).limit(1)
     ).scalar_one_or_none()
     count = session.execute(select(func.count()).where(Attempt.job_id == job.id)).scalar_one()
+    return {**summary_of(job, attempts=count, slurm_job_id=last.slurm_job_id if last else None, now=now),
+            **_pieces(session, job)}
+
+
+def summary_of(job: Any, *, attempts: int, slurm_job_id: int | None, now: datetime) -> dict[str, Any]:
+    """``job_summary`` of a job whose attempts are known and that has no pieces (not an array);
+    ``job``: a Job, or its row (any object with a Job's attributes)."""
     return {
         "id": job.id,
         "key": job.key,
@@ -44,13 +51,12 @@ def job_summary(session: Session, job: Job, now: datetime) -> dict[str, Any]:
         "policy": job.placement_policy,
         "reclaims": job.reclaims,
         "failures": job.failures,
-        "attempts": count,
-        "slurm_job_id": last.slurm_job_id if last else None,
+        "attempts": attempts,
+        "slurm_job_id": slurm_job_id,
         "deadline": _iso(job.deadline),
         "created_at": _iso(job.created_at),
         "finished_at": _iso(job.finished_at),
         "age_s": _age(job, now),
-        **_pieces(session, job),
     }
 
 

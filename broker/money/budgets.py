@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import bindparam, case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from broker.caller import Caller
@@ -126,7 +127,11 @@ class JobSize:
 
 
 def job_size(job: Job) -> JobSize:
-    data = json.loads(job.spec_json)
+    return _size_of(job.spec_json)
+
+
+def _size_of(spec_json: str) -> JobSize:
+    data = json.loads(spec_json)
     gpus = int(data.get("nodes", 1)) * int(data.get("gpus_per_node", 1))
     try:
         seconds = parse_duration(str(data.get("time_limit", "0s")))  # stored as "<seconds>s"
@@ -153,32 +158,40 @@ def charged_by_job(s: Session, job_ids: list[int]) -> dict[int, int]:
     return {int(j): int(t or 0) for j, t in rows if j is not None}
 
 
-def unreleased_jobs(s: Session, account: str) -> list[Job]:
-    """The account's jobs whose reservation still counts (not yet fully charged)."""
-    q = (
-        select(Job)
-        .where(Job.group_name == account)
-        .where(~exists().where(ReservationRelease.job_id == Job.id))
-        .order_by(Job.id)
-    )
-    return list(s.execute(q).scalars())
+def _holdings_queries() -> tuple[Any, Any]:
+    """(the plain rule added up, the jobs that go on) over an account's jobs whose reservation
+    still counts (not yet fully charged); the account is the ``account`` parameter.
+
+    Plain rule: what each holds is reserved minus charged so far, never below zero. The jobs
+    that were reclaimed or failed and go on hold at least one more attempt: they are read."""
+    charged = (select(func.coalesce(func.sum(Charge.amount_micros), 0))
+               .where(Charge.job_id == Job.id).scalar_subquery())
+    left = func.coalesce(Job.reserved_micros, 0) - charged
+    held = case((left > 0, left), else_=0)
+    unreleased = [Job.group_name == bindparam("account"), ~exists().where(ReservationRelease.job_id == Job.id)]
+    goes_on = (Job.state.not_in(list(TERMINAL)) & or_(Job.reclaims > 0, Job.failures > 0)
+               & (func.coalesce(Job.reserved_micros, 0) > 0))
+    return (select(func.coalesce(func.sum(held), 0)).where(*unreleased, ~goes_on),
+            select(Job.id, Job.partition, Job.capacity, Job.spec_json, held).where(*unreleased, goes_on))
 
 
-def job_holdings(
-    s: Session, jobs: list[Job], book: PriceBook, settings: Settings, now: datetime
-) -> dict[int, int]:
-    """Money each job still holds against the budget (see the module docstring)."""
-    charged = charged_by_job(s, [j.id for j in jobs])
-    out: dict[int, int] = {}
-    for job in jobs:
-        held = max(0, (job.reserved_micros or 0) - charged.get(job.id, 0))
-        if job.state not in TERMINAL and (job.reclaims or job.failures) and (job.reserved_micros or 0) > 0:
-            partition = job.partition or settings.partition_for(job.capacity.value)
-            again = attempt_estimate(book, partition, job.capacity.value, job_size(job), now)
-            if again is not None:
-                held = max(held, again)
-        out[job.id] = held
-    return out
+_HOLDINGS = _holdings_queries()
+"""Made once: admission asks at every submission, and building them costs more than running them."""
+
+
+def reserved_micros(s: Session, account: str, book: PriceBook, settings: Settings, now: datetime) -> int:
+    """Money the account's jobs still hold against its budget (see the module docstring).
+
+    The database adds up the plain rule over all of them; only the jobs that go on after
+    a reclaim or a failure (few) are read, to price their next attempt. Admission asks
+    at every submission, so this must not read every queued job."""
+    plain, going_on = _HOLDINGS
+    total = int(s.execute(plain, {"account": account}).scalar_one())
+    for job_id, partition, capacity, text, kept in s.execute(going_on, {"account": account}):
+        again = attempt_estimate(book, partition or settings.partition_for(capacity.value), capacity.value,
+                                 _size_of(text), now)
+        total += max(int(kept), again) if again is not None else int(kept)
+    return total
 
 
 # -- status ---------------------------------------------------------------------
@@ -262,7 +275,7 @@ def budget_status(
     current = semester.starts_at <= now < semester.ends_at
     reserved = 0
     if current:
-        reserved = sum(job_holdings(s, unreleased_jobs(s, group.slurm_account), book, settings, now).values())
+        reserved = reserved_micros(s, group.slurm_account, book, settings, now)
     return BudgetStatus(
         group=group.name,
         account=group.slurm_account,
@@ -281,21 +294,25 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
     A job still running on spot that gbroker is requeueing onto on-demand
     (its attempt is ``moving``) counts as on-demand already: the quota is checked once, when the move is
     decided, and two moves must not both fit into the same room."""
-    jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
-    moving = set(
-        s.execute(
-            select(Attempt.job_id)
-            .join(Job, Job.id == Attempt.job_id)
-            .where(Job.group_name == account, Attempt.state == AttemptState.MOVING)
-        ).scalars()
-    )
+    moving = exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING)
     total = ondemand = 0
-    for job in jobs:
-        g = job_size(job).gpus
-        total += g
-        if job.capacity.value == "ondemand" or job.id in moving:
-            ondemand += g
+    for capacity, is_moving, gpus in _in_flight(s, account, Job.capacity, moving):
+        total += gpus
+        if capacity.value == "ondemand" or is_moving:
+            ondemand += gpus
     return total, ondemand
+
+
+def _in_flight(s: Session, account: str, *by: Any) -> list[tuple[Any, ...]]:
+    """GPUs of the account's queued and running jobs, added up by the database per value of ``by``.
+
+    (A row stored without its GPU count, by an older gbroker, counts what its spec says.)"""
+    live = [Job.group_name == account, Job.state.not_in(list(TERMINAL))]
+    rows = [(*r[:-1], int(r[-1])) for r in s.execute(
+        select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by))]
+    for row in s.execute(select(*by, Job.spec_json).where(*live, Job.gpus.is_(None))):
+        rows.append((*row[:-1], _size_of(row[-1]).gpus))
+    return rows
 
 
 def quota_limits(s: Session, group_id: int) -> dict[tuple[str, str], int]:
@@ -310,13 +327,11 @@ def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tupl
     A job counts where it is placed now (a job being moved counts where it goes);
     its GPU type is its pool's."""
     out: dict[tuple[str, str], int] = {}
-    jobs = s.execute(select(Job).where(Job.group_name == account, Job.state.not_in(list(TERMINAL)))).scalars()
-    for job in jobs:
-        g = job_size(job).gpus
-        out[("class", job.capacity.value)] = out.get(("class", job.capacity.value), 0) + g
-        pool = settings.pool_of(job.partition or "")
+    for capacity, partition, gpus in _in_flight(s, account, Job.capacity, Job.partition):
+        out[("class", capacity.value)] = out.get(("class", capacity.value), 0) + gpus
+        pool = settings.pool_of(partition or "")
         if pool is not None and pool.gpu_type:
-            out[("gpu", pool.gpu_type)] = out.get(("gpu", pool.gpu_type), 0) + g
+            out[("gpu", pool.gpu_type)] = out.get(("gpu", pool.gpu_type), 0) + gpus
     return out
 
 

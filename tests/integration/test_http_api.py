@@ -4,6 +4,7 @@ a user reads their own jobs and is refused another user's, whatever the request 
 from __future__ import annotations
 
 import json
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,23 @@ def test_curl_reads_the_callers_own_jobs_and_is_refused_anyone_elses(broker_daem
                             "--data", json.dumps({"spec": spec, "key": "gb-httpone1"}))
         assert code == 400 and "owner" in answer["error"]["message"], answer
         del spec["owner"]
+        # A log the request names must be one made for this job in its own workdir (here her home).
+        home = Path(pwd.getpwnam("alice").pw_dir)
+        for log in ("/etc/gbroker-sleep-abcdef.out", str(home / "gbroker-other-abcdef.out"),
+                    str(home / "gbroker-sleep-abc/../x.out"), str(home / "thesis.tex")):
+            code, answer = curl(d, "alice", "/v1/jobs", "-H", "Content-Type: application/json",
+                                "--data", json.dumps({"spec": {**spec, "name": "sleep"}, "key": "gb-httplog1",
+                                                      "log": log}))
+            assert code == 400 and "log" in answer["error"]["message"], (log, answer)
         code, made = curl(d, "alice", "/v1/jobs", "-H", "Content-Type: application/json",
                           "--data", json.dumps({"spec": spec, "key": "gb-httpone1"}))
         assert code == 200, made
-        assert d.show(made["id"], user="alice")["owner"] == "alice"
+        shown = d.show(made["id"], user="alice")
+        assert shown["owner"] == "alice"
+        # Without one, the daemon made it, as her, in her home.
+        made_log = Path(shown["log"])
+        assert made_log.parent == home and made_log.stat().st_uid == pwd.getpwnam("alice").pw_uid, shown["log"]
+        assert made_log.stat().st_mode & 0o777 == 0o600
         code, again = curl(d, "alice", "/v1/jobs", "-H", "Content-Type: application/json",
                            "--data", json.dumps({"spec": spec, "key": "gb-httpone1"}))
         assert code == 200 and again["id"] == made["id"], again  # the key makes it idempotent

@@ -152,11 +152,7 @@ def test_offline_sql_for_review(url: str) -> None:
 
 def test_0005_gives_moving_attempts_their_own_state(db_url: str) -> None:
     """A running attempt marked "moving to on-demand" (and not ended) becomes ``moving``; downgrade gives the mark back."""
-    from broker.db import store
-    from broker.db.engine import session_factory
-    from broker.spec import JobSpec
-    from broker.states import AttemptState, JobState
-    from policies.base import Capacity
+    from broker.states import AttemptState
 
     now = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
     moving = "moving to on-demand"
@@ -169,21 +165,65 @@ def test_0005_gives_moving_attempts_their_own_state(db_url: str) -> None:
         return [(r[0], r[1], r[2]) for r in rows]
 
     try:
-        with session_factory(engine).begin() as s:  # 0005 changes no table: today's models fit 0004
-            spec = JobSpec(name="t", kind="finetune", group="vision", time_limit_s=600, gpus_per_node=1, nodes=1,
-                           command=("true",))
-            job = store.create_job(s, key="gb-000000000001", spec=spec, owner_uid=1001, owner_name="ana", now=now,
-                                   state=JobState.RUNNING)
+        # Rows as 0004 had them (written plainly: today's models have columns 0004 did not).
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO jobs (key, owner_uid, owner_name, group_name, name, kind, spec_json, state, "
+                "placement_policy, capacity, reclaims, failures, done_s, estimate_micros, reserved_micros, reason, "
+                "created_at, updated_at) VALUES ('gb-000000000001', 1001, 'ana', 'vision', 't', 'finetune', '{}', "
+                "'running', '', 'none', 0, 0, 0, 0, 0, '', :now, :now)"), {"now": now})
+            job_id = conn.execute(text("SELECT id FROM jobs")).scalar_one()
             # (state, outcome, ended): being moved; moved (ended); reclaimed while being moved; plain running
-            for state, outcome, ended in [(AttemptState.RUNNING, moving, False), (AttemptState.RECLAIMED, moving, True),
-                                          (AttemptState.COMPLETED, None, True), (AttemptState.RUNNING, None, False)]:
-                att = store.add_attempt(s, job, partition="spot", capacity=Capacity.SPOT, now=now)
-                att.state, att.outcome, att.ended_at = state, outcome, now if ended else None
+            for number, (state, outcome, ended) in enumerate(
+                    [(AttemptState.RUNNING, moving, False), (AttemptState.RECLAIMED, moving, True),
+                     (AttemptState.COMPLETED, None, True), (AttemptState.RUNNING, None, False)], start=1):
+                conn.execute(text(
+                    "INSERT INTO attempts (job_id, number, partition, capacity, state, nodes, created_at, "
+                    "ended_at, outcome, lost_s, slurm_restarts) VALUES (:job, :number, 'spot', 'spot', :state, '', "
+                    ":now, :ended, :outcome, 0, 0)"),
+                    {"job": job_id, "number": number, "state": state.value, "now": now,
+                     "ended": now if ended else None, "outcome": outcome})
         before = attempts()
         command.upgrade(alembic_config(db_url), "0005")
         assert attempts() == [(1, "moving", None), (2, "reclaimed", moving), (3, "completed", None),
                               (4, "running", None)]
         command.downgrade(alembic_config(db_url), "0004")
         assert attempts() == before
+    finally:
+        engine.dispose()
+
+
+def test_0012_fills_each_jobs_gpus_from_its_spec_and_admission_counts_a_row_without(db_url: str) -> None:
+    from broker.config import Settings
+    from broker.db.engine import session_factory
+    from broker.money.budgets import gpus_in_flight, gpus_in_flight_by
+
+    now = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
+    command.upgrade(alembic_config(db_url), "0011")
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            for key, spec, state, capacity in [
+                ("gb-000000000001", '{"nodes": 2, "gpus_per_node": 4}', "running", "ondemand"),
+                ("gb-000000000002", '{"gpus_per_node": 3}', "pending", "spot"),
+                ("gb-000000000003", '{}', "completed", "spot"),
+            ]:
+                conn.execute(text(
+                    "INSERT INTO jobs (key, owner_uid, owner_name, group_name, name, kind, spec_json, state, "
+                    "placement_policy, capacity, partition, reclaims, failures, done_s, estimate_micros, "
+                    "reserved_micros, reason, created_at, updated_at) VALUES (:key, 1001, 'ana', 'vision', 't', "
+                    "'other', :spec, :state, '', :capacity, :capacity, 0, 0, 0, 0, 0, '', :now, :now)"),
+                    {"key": key, "spec": spec, "state": state, "capacity": capacity, "now": now})
+        command.upgrade(alembic_config(db_url), "0012")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT key, gpus FROM jobs ORDER BY key")).all() == [
+                ("gb-000000000001", 8), ("gb-000000000002", 3), ("gb-000000000003", 1)]
+            conn.execute(text("UPDATE jobs SET gpus = NULL WHERE key = 'gb-000000000002'"))
+        with session_factory(engine)() as s:  # a row without it counts what its spec says
+            assert gpus_in_flight(s, "vision") == (11, 8)
+            assert gpus_in_flight_by(s, "vision", Settings())[("class", "spot")] == 3
+        command.downgrade(alembic_config(db_url), "0011")
+        with engine.connect() as conn:
+            assert "gpus" not in conn.execute(text("SELECT * FROM jobs")).keys()
     finally:
         engine.dispose()
