@@ -4,7 +4,9 @@
 submit 1,000 jobs in all to a real daemon on the dev cluster, as fast as the
 daemon answers; meanwhile a process as bob asks for his `status` every 20 ms.
 It prints submissions per second, submit p50/p99, status p50/p99 and the load
-average. Targets (issue 17): >= 100 submissions/s, status p99 < 0.2 s. First,
+average. The submitter's group has a semester budget and GPU quotas, as in a
+lab, so each submission is admitted against them (``--no-lab``: none).
+Targets (issue 17): >= 100 submissions/s, status p99 < 0.2 s. First,
 as the floor, the same number of plain sbatch calls by as many processes as
 the same user, timed in the same run (gbroker submits each job with sbatch, as
 its user, so it cannot beat that rate).
@@ -122,6 +124,24 @@ def sbatch_floor(args: argparse.Namespace, env: dict[str, str], sub: pwd.struct_
     return args.jobs / (max(ends) - start_at)
 
 
+def set_up_lab(args: argparse.Namespace, env: dict[str, str], sock: str) -> str:
+    """What a lab runs with: the submitter's group has a semester budget and GPU quotas, so
+    every submission is admitted against them (money held by the queued jobs, GPUs in flight)."""
+    year = time.gmtime().tm_year
+    admin = [sys.executable, "-m", "broker", "--socket", sock]
+    for argv in (
+        ["semester", "add", "bench", "--start", f"{year - 1}-01-01", "--end", f"{year + 1}-12-31"],
+        ["group", "add", "vision", "--account", "vision", "--member", args.submitter],
+        ["price", "set", PARTITION, "--capacity", "spot", "--price", "0.918", "--from", f"{year - 1}-01-01"],
+        ["budget", "set", "vision", "--semester", "bench", "--amount", "1000000"],
+        ["quota", "set", "vision", "--gpus", str(args.jobs * 2), "--class-gpus", f"spot={args.jobs * 2}"],
+    ):
+        done = subprocess.run([*admin, *argv], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"gbroker {' '.join(argv)}: {done.stderr.strip()}")
+    return f"group vision with a budget and quotas ({args.jobs * 2} GPUs), checked at each submission"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1000)
@@ -129,6 +149,8 @@ def main() -> None:
     ap.add_argument("--submitter", default="alice")
     ap.add_argument("--reader", default="bob")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory (the daemon's log, at INFO).")
+    ap.add_argument("--no-lab", action="store_true",
+                    help="No group, budget or quota (by default the submitter's group has all three).")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (the daemon submits as the users)")
@@ -152,6 +174,7 @@ def main() -> None:
                 break
             time.sleep(0.05)
         time.sleep(0.5)
+        lab = "no group, budget or quota" if args.no_lab else set_up_lab(args, env, sock)
         floor_rate = sbatch_floor(args, env, sub, str(jobs_dir))
         time.sleep(1.0)
         load_before = os.getloadavg()
@@ -188,7 +211,7 @@ def main() -> None:
         wall = max(r["end"] for r in results) - start_at
         status_lat = json.loads(status_out)["lat"]
         print(f"{len(lat)} submissions by {args.clients} clients ({args.submitter}) in {wall:.2f} s: "
-              f"{len(lat) / wall:.1f} submissions/s")
+              f"{len(lat) / wall:.1f} submissions/s ({lab})")
         print(f"  floor: {args.jobs} plain sbatch calls by {args.clients} processes ({args.submitter}), same "
               f"partition: {floor_rate:.1f} /s; gbroker {len(lat) / wall / floor_rate:.2f} of it")
         print(f"  submit  p50 {statistics.median(lat) * 1000:7.1f} ms   p99 {pct(lat, 0.99) * 1000:7.1f} ms   "
@@ -199,7 +222,7 @@ def main() -> None:
               f"(1 min; {os.cpu_count()} CPUs)")
         n = max(1, len(lat))
         print(f"  CPU per submission: daemon {daemon_cpu / n * 1000:.1f} ms (its own {daemon_own / n * 1000:.1f} ms, "
-              f"its mktemp and sbatch children the rest), slurmctld {ctld_cpu / n * 1000:.1f} ms, clients {clients_cpu / n * 1000:.1f} ms; "
+              f"its children the rest), slurmctld {ctld_cpu / n * 1000:.1f} ms, clients {clients_cpu / n * 1000:.1f} ms; "
               f"{(daemon_cpu + ctld_cpu + clients_cpu) / wall:.2f} CPUs busy with it")
         queued = subprocess.run(["squeue", "-h", "-u", args.submitter, "-p", PARTITION, "-o", "%j"], env=env,
                                 capture_output=True, text=True).stdout.split()

@@ -144,3 +144,25 @@ def test_a_job_cancelled_while_its_sbatch_runs_has_its_slurm_job_cancelled_too(w
     assert job["attempts"][0]["slurm_job_id"] == slurm_job.job_id
     world.tick()
     assert show(world, out["id"])["state"] == JobState.CANCELLED.value
+
+
+def test_a_key_stored_between_the_check_and_the_insert_answers_with_that_job(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another daemon stored the key after this one found it free: the insert writes nothing,
+    and the answer is the job stored first (as for any repeat of a key)."""
+    from broker.db import store
+    from broker.jobs.submit import submit
+    from ledger_fakes import caller, job_spec
+
+    first = submit(world.svc, caller("alice"), job_spec(), key="gb-racedkey01")
+    real, calls = store.key_is_stored, []
+
+    def free_once(s: Any, key: str) -> bool:
+        calls.append(key)
+        return real(s, key) if len(calls) > 1 else False
+
+    monkeypatch.setattr(store, "key_is_stored", free_once)
+    again = submit(world.svc, caller("alice"), job_spec(), key="gb-racedkey01")
+    assert again["id"] == first["id"] and "already submitted" in again["note"], again
+    assert len(world.slurm.jobs_by_id) == 1 and len(calls) == 2
+    assert len(show(world, first["id"])["attempts"]) == 1
