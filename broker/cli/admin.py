@@ -111,10 +111,16 @@ def _print_groups(groups: list[dict[str, Any]], as_json: bool) -> None:
         print_json(groups)
         return
     print_table(
-        [[g["name"], g["account"], ",".join(g["members"]), _limit(g["max_gpus"]), _limit(g["max_ondemand_gpus"])]
+        [[g["name"], g["account"], ",".join(g["members"]), _limit(g["max_gpus"]), _limit(g["max_ondemand_gpus"]),
+          _limits(g.get("limits") or {})]
          for g in groups],
-        ["GROUP", "ACCOUNT", "MEMBERS", "MAX GPUS", "MAX ON-DEMAND"],
+        ["GROUP", "ACCOUNT", "MEMBERS", "MAX GPUS", "MAX ON-DEMAND", "LIMITS"],
     )
+
+
+def _limits(limits: dict[str, Any]) -> str:
+    """{'class:spot': 12, 'gpu:a100': 4} -> 'spot=12 a100=4' ('-' for none)."""
+    return " ".join(f"{key.partition(':')[2]}={value}" for key, value in limits.items()) or "-"
 
 
 # -- quota --------------------------------------------------------------------------------
@@ -127,17 +133,34 @@ def quota() -> None:
 @click.argument("group_name", metavar="GROUP")
 @click.option("--gpus", metavar="N|none", help="GPUs at once, in total.")
 @click.option("--ondemand-gpus", metavar="N|none", help="GPUs at once on on-demand.")
+@click.option("--class-gpus", multiple=True, metavar="CLASS=N|none",
+              help="GPUs at once on a capacity class (owned, reserved, spot, ondemand); repeatable.")
+@click.option("--type-gpus", multiple=True, metavar="TYPE=N|none",
+              help="GPUs at once of a GPU type (a100, l4, ...); repeatable.")
 @json_option
 @pass_ctx
-def quota_set(ctx: Context, group_name: str, gpus: str | None, ondemand_gpus: str | None, as_json: bool) -> None:
-    """Set a group's quota, e.g. `gbroker quota set vision --gpus 16 --ondemand-gpus 4` ('none' = no limit)."""
+def quota_set(ctx: Context, group_name: str, gpus: str | None, ondemand_gpus: str | None,
+              class_gpus: tuple[str, ...], type_gpus: tuple[str, ...], as_json: bool) -> None:
+    """Set a group's quota, e.g. `gbroker quota set vision --gpus 16 --ondemand-gpus 4
+    --class-gpus spot=12 --type-gpus a100=4` ('none' = no limit). A limit not given stays as it was."""
     args: dict[str, Any] = {}
     if gpus is not None:
         args["max_gpus"] = _count(gpus, "--gpus")
     if ondemand_gpus is not None:
         args["max_ondemand_gpus"] = _count(ondemand_gpus, "--ondemand-gpus")
+    limits: dict[str, int | None] = {}
+    for kind, flag, items in (("class", "--class-gpus", class_gpus), ("gpu", "--type-gpus", type_gpus)):
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise SpecError(f"{flag}: expected NAME=N or NAME=none, got {item!r}", hint=f"e.g. {flag} spot=16"
+                                if kind == "class" else f"e.g. {flag} a100=8")
+            limits[f"{kind}:{name.strip().lower()}"] = _count(value.strip(), flag)
+    if limits:
+        args["limits"] = limits
     if not args:
-        raise SpecError("give --gpus and/or --ondemand-gpus", hint="e.g. gbroker quota set vision --gpus 16")
+        raise SpecError("give --gpus, --ondemand-gpus, --class-gpus and/or --type-gpus",
+                        hint="e.g. gbroker quota set vision --gpus 16")
     g = ctx.call("quota_set", group=group_name, **args)
     _print_groups([g], as_json)
 

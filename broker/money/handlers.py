@@ -259,7 +259,7 @@ def _set_limits(s: Session, group_id: int, limits: Any, now: datetime) -> None:
         if kind not in LIMIT_KINDS or not name:
             raise SpecError(f"quota limit {key!r}: write class:NAME or gpu:NAME", hint="e.g. --class-gpus spot=16")
         if kind == "class" and name not in CLASSES:
-            raise SpecError(f"quota limit {key!r}: the classes are {', '.join(CLASSES)}")
+            raise SpecError(f"{LIMIT_KINDS[kind]} {name}: not a capacity class; the classes are {', '.join(CLASSES)}")
         name = _name(name, LIMIT_KINDS[kind])
         count = _opt_int(value, LIMIT_KINDS[kind])
         row = s.get(QuotaLimit, (group_id, kind, name))

@@ -461,3 +461,32 @@ def test_quota_per_capacity_class_counts_where_the_policy_placed_the_job(world: 
     for bad in ({"spot": 4}, {"class:gold": 4}, {"gpu:a100": -1}):
         with pytest.raises(SpecError):
             ops["quota_set"](ROOT, {"group": "vision", "limits": bad})
+
+
+def test_quota_set_on_the_command_line_sets_the_class_and_type_limits(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gbroker quota set --class-gpus/--type-gpus` (what the refusal hints name) reach the handler."""
+    import json
+
+    from click.testing import CliRunner
+
+    from broker.cli import main as cli_main
+
+    ops = world.ops()
+
+    def call(self: Any, op: str, *, repeatable: bool = False, **args: Any) -> Any:
+        return ops[op](ROOT, args)
+
+    monkeypatch.setattr(cli_main.Context, "call", call)
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", "quota", "set", "vision", *args])
+
+    r = cli("--class-gpus", "spot=4", "--type-gpus", "A100=2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)[0]["limits"] == {"class:spot": 4, "gpu:a100": 2}
+    r = cli("--class-gpus", "spot=none")
+    assert r.exit_code == 0 and "a100=2" in r.output and "spot=" not in r.output, r.output
+    for bad in (["--class-gpus", "spot"], ["--class-gpus", "gold=3"], ["--type-gpus", "a100=-1"]):
+        r = cli(*bad)
+        assert r.exit_code == 2 and "gbroker: error:" in r.output and bad[0] in r.output, (bad, r.output)
