@@ -49,6 +49,10 @@ class Job(Base):
     """One gbroker job: what was asked (spec_json) and where it stands now."""
 
     __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_group_state", "group_name", "state"),  # a group's queued and running jobs
+        Index("ix_jobs_group_released", "group_name", "released_at"),  # its jobs still holding money
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(NAME_LEN), unique=True)
@@ -83,6 +87,8 @@ class Job(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    released_at: Mapped[datetime | None]
+    """When its reservation stopped counting against the budget (its ``reservation_releases`` row)."""
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", lazy="selectin"

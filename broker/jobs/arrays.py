@@ -695,7 +695,11 @@ def cancel_arrays(svc: Services, bound: list[tuple[int, str, str]]) -> None:
 
 def array_summary(s: Session, job: Job) -> dict[str, Any] | None:
     """``{"total", "counts", "line"}`` for an array, None for a plain job."""
-    c = counts(s, job.id)
+    return pieces_summary(counts(s, job.id))
+
+
+def pieces_summary(c: dict[str, int]) -> dict[str, Any] | None:
+    """``array_summary`` from an array's pieces per state (``counts_of``); None for none."""
     if not c:
         return None
     total = sum(c.values())

@@ -13,7 +13,7 @@ from broker.state import Services, must_get
 from broker.jobs import arrays, lifecycle
 from broker.jobs.placement import pool_table
 from broker.jobs.submit import submit
-from broker.jobs.views import job_detail, job_summary
+from broker.jobs.views import job_detail, job_summaries
 from broker.states import TERMINAL, JobState
 
 
@@ -118,7 +118,7 @@ def list_jobs(
             q = q.where(Job.state.not_in(list(TERMINAL)))
         if partitions is not None:
             q = q.where(Job.partition.in_(partitions))
-        return [job_summary(s, j, now) for j in s.execute(q).scalars()]
+        return job_summaries(s, list(s.execute(q).scalars()), now)
 
 
 def _name_arg(value: Any, name: str) -> str | None:

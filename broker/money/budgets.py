@@ -43,16 +43,19 @@ from broker.errors import NotFound
 from broker.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
 from broker.money.pricing import PriceBook
-from broker.states import TERMINAL, AttemptState
+from broker.states import TERMINAL, AttemptState, JobState
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
 
 # -- lookups --------------------------------------------------------------------
 def semester_at(s: Session, at: datetime) -> Semester | None:
-    return s.execute(
-        select(Semester).where(Semester.starts_at <= at, Semester.ends_at > at)
-    ).scalar_one_or_none()
+    return s.execute(_SEMESTER_AT, {"at": at}).scalar_one_or_none()
+
+
+# Lookups admission makes at every submission, built once: building a statement costs
+# more than running it (the values come with each run).
+_SEMESTER_AT = select(Semester).where(Semester.starts_at <= bindparam("at"), Semester.ends_at > bindparam("at"))
 
 
 def semester_named(s: Session, name: str) -> Semester:
@@ -82,17 +85,18 @@ def group_named(s: Session, name: str) -> LabGroup:
 
 def group_of_account(s: Session, account: str) -> LabGroup | None:
     """The group charged for Slurm account ``account``; compared as Slurm compares (ignoring case)."""
-    return s.execute(
-        select(LabGroup).where(LabGroup.slurm_account == account_name(account))
-    ).scalar_one_or_none()
+    return s.execute(_GROUP_OF_ACCOUNT, {"account": account_name(account)}).scalar_one_or_none()
+
+
+_GROUP_OF_ACCOUNT = select(LabGroup).where(LabGroup.slurm_account == bindparam("account"))
 
 
 def members(s: Session, group_id: int) -> list[str]:
-    return list(
-        s.execute(
-            select(GroupMember.user_name).where(GroupMember.group_id == group_id).order_by(GroupMember.user_name)
-        ).scalars()
-    )
+    return list(s.execute(_MEMBERS, {"group_id": group_id}).scalars())
+
+
+_MEMBERS = (select(GroupMember.user_name).where(GroupMember.group_id == bindparam("group_id"))
+            .order_by(GroupMember.user_name))
 
 
 def visible_groups(s: Session, caller: Caller) -> list[LabGroup]:
@@ -110,9 +114,11 @@ def quota_of(s: Session, group_id: int) -> Quota | None:
 
 
 def budget_of(s: Session, group_id: int, semester_id: int) -> Budget | None:
-    return s.execute(
-        select(Budget).where(Budget.group_id == group_id, Budget.semester_id == semester_id)
-    ).scalar_one_or_none()
+    return s.execute(_BUDGET_OF, {"group_id": group_id, "semester_id": semester_id}).scalar_one_or_none()
+
+
+_BUDGET_OF = select(Budget).where(Budget.group_id == bindparam("group_id"),
+                                  Budget.semester_id == bindparam("semester_id"))
 
 
 def parse_thresholds(text: str) -> list[int]:
@@ -166,13 +172,17 @@ def _holdings_queries() -> tuple[Any, Any]:
     that were reclaimed or failed and go on hold at least one more attempt: they are read."""
     charged = (select(func.coalesce(func.sum(Charge.amount_micros), 0))
                .where(Charge.job_id == Job.id).scalar_subquery())
-    left = func.coalesce(Job.reserved_micros, 0) - charged
-    held = case((left > 0, left), else_=0)
-    unreleased = [Job.group_name == bindparam("account"), ~exists().where(ReservationRelease.job_id == Job.id)]
+    # released_at is set with the release row; both are asked, the column finds the rows (an index).
+    unreleased = [Job.group_name == bindparam("account"), Job.released_at.is_(None),
+                  ~exists().where(ReservationRelease.job_id == Job.id)]
     goes_on = (Job.state.not_in(list(TERMINAL)) & or_(Job.reclaims > 0, Job.failures > 0)
                & (func.coalesce(Job.reserved_micros, 0) > 0))
-    return (select(func.coalesce(func.sum(held), 0)).where(*unreleased, ~goes_on),
-            select(Job.id, Job.partition, Job.capacity, Job.spec_json, held).where(*unreleased, goes_on))
+    rows = select(Job.id, Job.partition, Job.capacity, Job.spec_json,
+                  (func.coalesce(Job.reserved_micros, 0) - charged).label("left"), goes_on.label("goes_on")
+                  ).where(*unreleased).subquery()
+    held = case((rows.c.left > 0, rows.c.left), else_=0)
+    return (select(func.coalesce(func.sum(held), 0)).where(~rows.c.goes_on),
+            select(rows.c.id, rows.c.partition, rows.c.capacity, rows.c.spec_json, held).where(rows.c.goes_on))
 
 
 _HOLDINGS = _holdings_queries()
@@ -196,14 +206,13 @@ def reserved_micros(s: Session, account: str, book: PriceBook, settings: Setting
 
 # -- status ---------------------------------------------------------------------
 def spent_micros(s: Session, account: str, semester: Semester) -> int:
-    total = s.execute(
-        select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
-            Charge.account == account,
-            Charge.period_start >= semester.starts_at,
-            Charge.period_start < semester.ends_at,
-        )
-    ).scalar_one()
-    return int(total)
+    return int(s.execute(_SPENT, {"account": account, "starts": semester.starts_at,
+                                  "ends": semester.ends_at}).scalar_one())
+
+
+_SPENT = select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
+    Charge.account == bindparam("account"), Charge.period_start >= bindparam("starts"),
+    Charge.period_start < bindparam("ends"))
 
 
 @dataclass(frozen=True)
@@ -294,31 +303,48 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
     A job still running on spot that gbroker is requeueing onto on-demand
     (its attempt is ``moving``) counts as on-demand already: the quota is checked once, when the move is
     decided, and two moves must not both fit into the same room."""
-    moving = exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING)
     total = ondemand = 0
-    for capacity, is_moving, gpus in _in_flight(s, account, Job.capacity, moving):
+    for capacity, is_moving, gpus in _in_flight(s, account, "capacity, moving"):
         total += gpus
         if capacity.value == "ondemand" or is_moving:
             ondemand += gpus
     return total, ondemand
 
 
-def _in_flight(s: Session, account: str, *by: Any) -> list[tuple[Any, ...]]:
-    """GPUs of the account's queued and running jobs, added up by the database per value of ``by``.
+def _in_flight(s: Session, account: str, by: str) -> list[tuple[Any, ...]]:
+    """GPUs of the account's queued and running jobs, added up by the database per value of
+    the columns ``_IN_FLIGHT[by]`` names.
 
     (A row stored without its GPU count, by an older gbroker, counts what its spec says.)"""
-    live = [Job.group_name == account, Job.state.not_in(list(TERMINAL))]
-    rows = [(*r[:-1], int(r[-1])) for r in s.execute(
-        select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by))]
-    for row in s.execute(select(*by, Job.spec_json).where(*live, Job.gpus.is_(None))):
+    summed, unsized = _IN_FLIGHT[by]
+    rows = [(*r[:-1], int(r[-1])) for r in s.execute(summed, {"account": account})]
+    for row in s.execute(unsized, {"account": account}):
         rows.append((*row[:-1], _size_of(row[-1]).gpus))
     return rows
 
 
+def _in_flight_queries(*by: Any) -> tuple[Any, Any]:
+    # Named as the states it takes (not "not ended"), so the (group_name, state) index finds them.
+    live = [Job.group_name == bindparam("account"), Job.state.in_(sorted(set(JobState) - TERMINAL))]
+    return (select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by),
+            select(*by, Job.spec_json).where(*live, Job.gpus.is_(None)))
+
+
+_IN_FLIGHT = {
+    "capacity, moving": _in_flight_queries(
+        Job.capacity,
+        exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING).label("moving")),
+    "capacity, partition": _in_flight_queries(Job.capacity, Job.partition),
+}
+
+
 def quota_limits(s: Session, group_id: int) -> dict[tuple[str, str], int]:
     """(kind, name) -> most GPUs at once: ('class', 'spot'), ('gpu', 'a100')..."""
-    rows = s.execute(select(QuotaLimit).where(QuotaLimit.group_id == group_id)).scalars()
+    rows = s.execute(_QUOTA_LIMITS, {"group_id": group_id}).scalars()
     return {(r.kind, r.name): r.max_gpus for r in rows}
+
+
+_QUOTA_LIMITS = select(QuotaLimit).where(QuotaLimit.group_id == bindparam("group_id"))
 
 
 def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tuple[str, str], int]:
@@ -327,7 +353,7 @@ def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tupl
     A job counts where it is placed now (a job being moved counts where it goes);
     its GPU type is its pool's."""
     out: dict[tuple[str, str], int] = {}
-    for capacity, partition, gpus in _in_flight(s, account, Job.capacity, Job.partition):
+    for capacity, partition, gpus in _in_flight(s, account, "capacity, partition"):
         out[("class", capacity.value)] = out.get(("class", capacity.value), 0) + gpus
         pool = settings.pool_of(partition or "")
         if pool is not None and pool.gpu_type:

@@ -314,7 +314,7 @@ def release_reservations(svc: Services, now: datetime) -> int:
         )
         q = (
             select(Job)
-            .where(Job.state.in_(list(TERMINAL)))
+            .where(Job.state.in_(list(TERMINAL)), Job.released_at.is_(None))
             .where(~exists().where(ReservationRelease.job_id == Job.id))
             .where(~waiting)
         )
@@ -322,6 +322,7 @@ def release_reservations(svc: Services, now: datetime) -> int:
         charged = B.charged_by_job(s, [j.id for j in jobs])
         for job in jobs:
             s.add(ReservationRelease(job_id=job.id, charged_micros=charged.get(job.id, 0), released_at=now))
+            job.released_at = now  # with its row: admission looks only at jobs without one (budgets.py)
             if job.reserved_micros:
                 store.add_event(
                     s, "released",

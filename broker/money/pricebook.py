@@ -35,9 +35,12 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def load(s: Session, settings: Settings) -> PriceBook:
     """Every price row, plus each pool's configured price where the table has none."""
-    rows = [PriceRow(p, c, m, e) for p, c, m, e in
-            s.execute(select(Price.partition, Price.capacity, Price.price_micros, Price.effective_at)).all()]
+    rows = [PriceRow(p, c, m, e) for p, c, m, e in s.execute(_ALL_PRICES).all()]
     return PriceBook.of(rows + configured_rows(PriceBook.of(rows), settings))
+
+
+_ALL_PRICES = select(Price.partition, Price.capacity, Price.price_micros, Price.effective_at)
+"""Built once (read at every admission)."""
 
 
 def configured_rows(table: PriceBook, settings: Settings) -> list[PriceRow]:
