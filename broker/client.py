@@ -515,7 +515,7 @@ class Client:
         Without one a key is made here, so a retry after a lost answer (a daemon restart)
         still names the same job.
         """
-        log = _own_log(spec) if self._transport is None else None
+        log = _own_log(spec)
         try:
             answer = self.call("submit", repeatable=True, spec=spec, key=key or new_key(),
                                **({"log": log} if log else {}))

@@ -158,7 +158,8 @@ def test_ended_is_the_terminal_states() -> None:
 
 
 def test_the_cli_goes_through_the_client_and_prints_the_daemons_json(daemon: tuple[World, Client],
-                                                                    tmp_path: Path) -> None:
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from click.testing import CliRunner
@@ -173,8 +174,11 @@ def test_the_cli_goes_through_the_client_and_prints_the_daemons_json(daemon: tup
         assert out.exit_code == 0, out.output
         return out.output
 
+    monkeypatch.chdir(tmp_path)  # the job's workdir: the CLI makes its log there, as the user
     submitted = json.loads(gb("submit", "--json", "--group", "vision", "--time", "10m", "--", "sleep", "5"))
     job = client.show(submitted["id"])
+    log = Path(submitted["log"])
+    assert log.parent == tmp_path and log.name.startswith("gbroker-sleep-") and log.stat().st_mode & 0o777 == 0o600
     assert json.loads(gb("show", "--json", str(job.id))) == client.show(job.id).raw
     assert [j["id"] for j in json.loads(gb("status", "--json"))] == [job.id]
     shown = gb("show", str(job.id))
