@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import CursorResult, Table, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -359,8 +359,8 @@ def insert_first_attempt(session: Session, job_id: int, *, partition: str | None
     }).scalar_one())
 
 
-_INSERT_ATTEMPT = insert(Attempt.__table__).returning(Attempt.__table__.c.id)
-_INSERT_EVENT = insert(Event.__table__)
+_INSERT_ATTEMPT = insert(cast(Table, Attempt.__table__)).returning(Attempt.__table__.c.id)
+_INSERT_EVENT = insert(cast(Table, Event.__table__))
 
 
 def job_attempts(session: Session, job_id: int) -> list[Attempt]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from broker.db import store
@@ -105,7 +105,7 @@ def first_attempt_submitted(s: Session, job_id: int, attempt_id: int, slurm_id: 
     return SimpleNamespace(**{**row._asdict(), "state": JobState.PENDING, "reason": reason, "updated_at": now})
 
 
-_jobs, _attempts = Job.__table__, Attempt.__table__
+_jobs, _attempts = cast(Table, Job.__table__), cast(Table, Attempt.__table__)
 _JOB_AND_ATTEMPT = (
     select(_jobs, _attempts.c.state.label("attempt_state"), _attempts.c.number.label("attempt_number"),
            _attempts.c.partition.label("attempt_partition"))

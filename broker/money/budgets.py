@@ -197,7 +197,7 @@ def reserved_micros(s: Session, account: str, book: PriceBook, settings: Setting
     at every submission, so this must not read every queued job."""
     plain, going_on = _HOLDINGS
     total = int(s.execute(plain, {"account": account}).scalar_one())
-    for job_id, partition, capacity, text, kept in s.execute(going_on, {"account": account}):
+    for _job_id, partition, capacity, text, kept in s.execute(going_on, {"account": account}):
         again = attempt_estimate(book, partition or settings.partition_for(capacity.value), capacity.value,
                                  _size_of(text), now)
         total += max(int(kept), again) if again is not None else int(kept)
