@@ -427,7 +427,9 @@ def load_settings(
     return settings
 
 
-_CHOICES = {"slurm_backend": ("auto", "cli", "pyslurm"), "slurm_submit": ("auto", "sbatch", "libslurm")}
+SLURM_SUBMIT_WAYS = ("auto", "sbatch", "libslurm")
+"""The values of ``slurm_submit`` (the Slurm backend checks what it is given against these too)."""
+_CHOICES = {"slurm_backend": ("auto", "cli", "pyslurm"), "slurm_submit": SLURM_SUBMIT_WAYS}
 
 
 def _check_choices(settings: Settings) -> None:

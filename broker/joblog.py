@@ -23,7 +23,7 @@ import re
 SUFFIX = ".out"
 RANDOM_CHARS = 6
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-_RANDOM_RE = re.compile(r"[A-Za-z0-9]{6}")
+_RANDOM_RE = re.compile(f"[{re.escape(_ALPHABET)}]{{{RANDOM_CHARS}}}")
 
 
 def prefix(workdir: str, name: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.orm import Session
 
 from broker import joblog, proc
 from broker.pieces import capped
@@ -234,30 +235,22 @@ def _store_intent(
     """Admission and the intent in one locked transaction; (job id, attempt id, admission note)."""
     with svc.tx() as s:
         admission = admit(s, svc, caller, spec, capacity, partition, now)
-        values = store.job_values(
-            key=key, spec=spec, owner_uid=caller.uid, owner_name=caller.name, now=now, state=JobState.ADMITTED,
-            placement_policy=svc.policy.name, capacity=Capacity(capacity), partition=partition,
-            estimate_micros=admission.estimate_micros, reserved_micros=admission.reserved_micros, reason="",
-            log_path=log_path,
-        )
         if not spec.is_array:
             # A plain job: its rows are written as they are (no object is loaded; the submit
             # path's cost is mostly the ORM's, and nothing here needs the objects).
-            new_id = store.insert_job(s, values)
+            new_id = store.insert_job(s, store.job_values(
+                key=key, spec=spec, owner_uid=caller.uid, owner_name=caller.name, now=now, state=JobState.ADMITTED,
+                placement_policy=svc.policy.name, capacity=Capacity(capacity), partition=partition,
+                estimate_micros=admission.estimate_micros, reserved_micros=admission.reserved_micros, reason="",
+                log_path=log_path,
+            ))
             if new_id is None:
                 raise _KeyTaken()  # stored meanwhile under this key (another daemon): answer with that job
             attempt_id = store.insert_first_attempt(s, new_id, partition=partition, capacity=Capacity(capacity),
                                                     now=now)
             store.insert_events(s, [store.event_row("intent", f"place on {partition} ({placed_by}); sbatch next",
                                                     now=now, job_id=new_id)])
-            # Claimed before it is visible: a tick must not sbatch it as well (the
-            # transaction holds the service lock, so no tick reads in between).
-            svc.claim_sbatch(attempt_id)
-            try:
-                s.commit()
-            except BaseException:
-                svc.sbatch_finished(attempt_id, committed=False)
-                raise
+            _commit_claimed(svc, s, attempt_id)
             return new_id, attempt_id, admission.note
         # An array: its pieces and first batch; "attempt id" -batch id (batch claims are negative).
         job = store.create_job(
@@ -269,14 +262,19 @@ def _store_intent(
         count = len(spec.array().chunks())
         store.add_event(s, "intent", f"place {count} pieces on {partition} ({placed_by}); sbatch next",
                         now=now, job_id=job.id)
-        job_id, claim = job.id, arrays.claim_id(batch.id)
-        svc.claim_sbatch(claim)
-        try:
-            s.commit()
-        except BaseException:
-            svc.sbatch_finished(claim, committed=False)
-            raise
-    return job_id, -batch.id, admission.note
+        _commit_claimed(svc, s, arrays.claim_id(batch.id))
+        return job.id, -batch.id, admission.note
+
+
+def _commit_claimed(svc: Services, s: Session, claim: int) -> None:
+    """Commit the intent with its sbatch claimed before it is visible: a tick must not
+    sbatch it as well (the transaction holds the service lock, so no tick reads in between)."""
+    svc.claim_sbatch(claim)
+    try:
+        s.commit()
+    except BaseException:
+        svc.sbatch_finished(claim, committed=False)
+        raise
 
 
 class _KeyTaken(Exception):

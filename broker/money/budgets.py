@@ -182,7 +182,7 @@ def _holdings_queries() -> tuple[Any, Any]:
                   ).where(*unreleased).subquery()
     held = case((rows.c.left > 0, rows.c.left), else_=0)
     return (select(func.coalesce(func.sum(held), 0)).where(~rows.c.goes_on),
-            select(rows.c.id, rows.c.partition, rows.c.capacity, rows.c.spec_json, held).where(rows.c.goes_on))
+            select(rows.c.partition, rows.c.capacity, rows.c.spec_json, held).where(rows.c.goes_on))
 
 
 _HOLDINGS = _holdings_queries()
@@ -197,7 +197,7 @@ def reserved_micros(s: Session, account: str, book: PriceBook, settings: Setting
     at every submission, so this must not read every queued job."""
     plain, going_on = _HOLDINGS
     total = int(s.execute(plain, {"account": account}).scalar_one())
-    for _job_id, partition, capacity, text, kept in s.execute(going_on, {"account": account}):
+    for partition, capacity, text, kept in s.execute(going_on, {"account": account}):
         again = attempt_estimate(book, partition or settings.partition_for(capacity.value), capacity.value,
                                  _size_of(text), now)
         total += max(int(kept), again) if again is not None else int(kept)

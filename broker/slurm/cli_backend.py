@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from broker.config import SLURM_SUBMIT_WAYS
 from broker.errors import BrokerError, ConfigError, SlurmError, SpecError
 from broker.slurm import arrays, parse
 from broker.slurm.arrays import array_option
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUBMIT_WITH = ("auto", "sbatch", "libslurm")
+SUBMIT_WITH = SLURM_SUBMIT_WAYS
 """How jobs are queued: libslurm in the daemon when it is built for this Slurm ("auto"), or always sbatch."""
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
