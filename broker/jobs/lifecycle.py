@@ -25,7 +25,6 @@ from sqlalchemy.orm import Session
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.db.store import IllegalTransition
-from broker.slurm.backend import SlurmJob
 from broker.db.array_models import ArrayPiece
 from broker.states import (
     ATTEMPT_RUNNING,
@@ -163,19 +162,19 @@ def attempt_moving(
 
 def attempt_next(
     s: Session, job: Job, capacity: Capacity, partition: str, reason: str, now: datetime,
-    *, requeued: SlurmJob | None = None,
+    *, slurm_run: tuple[int, int] | None = None,
 ) -> Attempt:
     """Open the job's next attempt on ``capacity``: the job recovers, placed there.
 
-    ``requeued``: the same Slurm job, requeued by Slurm; the attempt is its next
-    run, already in the queue (pending). Without it the attempt waits for sbatch.
+    ``slurm_run``: (Slurm job id, restart count) of the same Slurm job's next
+    run, requeued by Slurm; the attempt is that run, already in the queue
+    (pending). Without it the attempt waits for sbatch.
     """
     nxt = store.add_attempt(s, job, partition=partition, capacity=capacity, now=now)
     job.capacity, job.partition = capacity, partition
     store.set_job_state(s, job, JobState.RECOVERING, reason, now=now)
-    if requeued is not None:
-        nxt.slurm_job_id = requeued.job_id
-        nxt.slurm_restarts = requeued.restarts
+    if slurm_run is not None:
+        nxt.slurm_job_id, nxt.slurm_restarts = slurm_run
         _to(nxt, AttemptState.PENDING)
     return nxt
 

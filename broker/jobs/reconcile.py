@@ -598,6 +598,14 @@ def _settle(
     if still_queued is not None:
         _requeued(s, svc, job, att, rows, still_queued, now, plan, saves)
         return
+    own = att.slurm_restarts or 0
+    later = sorted({r.restarts for r in rows if r.restarts > own})
+    if later:
+        # Slurm requeued it and ran it again while gbroker did not look (the controller was
+        # down to it): settle this run, then the next one, each as its own attempt.
+        nxt = _ran_again(s, svc, job, att, rows, later[0], now, saves)
+        _settle(s, svc, job, nxt, rows, None, now, plan, None)
+        return
     # This attempt's own run (accounting numbers a Slurm job's runs as Slurm counts restarts).
     rows = [r for r in rows if r.restarts == (att.slurm_restarts or 0)]
     if not rows:
@@ -704,6 +712,47 @@ def _requeued(
     preempted = last is not None and last.state == AttemptState.PREEMPTED
     lifecycle.attempt_reclaimed(job, att, AttemptState.PREEMPTED if preempted else AttemptState.RECLAIMED)
     _recover(s, svc, job, att, now, plan, requeued=sj)
+
+
+def _ran_again(
+    s: Session, svc: Services, job: Job, att: Attempt, rows: list[SacctRow], restarts: int, now: datetime,
+    saves: SaveFacts | None,
+) -> Attempt:
+    """The attempt's run ended in a requeue, and Slurm has already run the job again (run
+    ``restarts``) and taken it out of the queue: the policy has nothing left to choose.
+
+    Closes the attempt the way its run ended and opens the attempt of the run that
+    followed, on the same Slurm job, where Slurm ran it (the caller settles it).
+    """
+    svc.unclear_since.pop(att.id, None)
+    mine = [r for r in rows if r.restarts == (att.slurm_restarts or 0) and r.end is not None]
+    after = next(r for r in rows if r.restarts == restarts)
+    last = mine[-1] if mine else None
+    if last is not None:
+        att.ended_at = _utc(last.end)
+        att.started_at = att.started_at or _utc(last.start)
+        att.nodes = att.nodes or ",".join(last.nodelist)
+    att.ended_at = att.ended_at or _utc(after.start) or now
+    att.lost_s = _lost_s(att, saves)
+    cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"
+    partition = after.partition or att.partition or job.partition or ""
+    capacity = Capacity(svc.settings.capacity_of(partition) or att.capacity)
+    if att.state == AttemptState.MOVING and cause == "REQUEUED":
+        lifecycle.attempt_moved(s, job, att, partition, now)
+        reason = f"moved to {partition}"
+    elif cause == "REQUEUED":
+        lifecycle.attempt_continued(s, job, att, "it requeued itself", now)
+        reason = "continuing: it requeued itself"
+    else:
+        preempted = last is not None and last.state == AttemptState.PREEMPTED
+        lifecycle.attempt_reclaimed(job, att, AttemptState.PREEMPTED if preempted else AttemptState.RECLAIMED)
+        lost = f"{att.lost_s}s of work lost" if att.lost_s is not None else "lost work unknown"
+        store.add_event(s, att.state.value,
+                        f"attempt {att.number} {att.state.value} on {att.nodes or '?'} ({lost}); Slurm ran "
+                        f"it again on {partition} before gbroker saw the requeue", now=now, job_id=job.id)
+        reason = f"requeued by Slurm onto {partition}"
+    assert att.slurm_job_id is not None  # its runs came from accounting by this id
+    return lifecycle.attempt_next(s, job, capacity, partition, reason, now, slurm_run=(att.slurm_job_id, restarts))
 
 
 def _continued(
@@ -833,7 +882,8 @@ def _next_attempt(
         # Its GPUs were asked by type, and the other pool's type differs: a new submission.
         plan.cancel.append(requeued.job_id)
         requeued = None
-    nxt = lifecycle.attempt_next(s, job, capacity, partition, reason, now, requeued=requeued)
+    nxt = lifecycle.attempt_next(s, job, capacity, partition, reason, now,
+                                 slurm_run=(requeued.job_id, requeued.restarts) if requeued is not None else None)
     if requeued is not None:
         # Same Slurm job, next run: no new sbatch, just skip the requeue delay.
         if requeued.state == AttemptState.PENDING:

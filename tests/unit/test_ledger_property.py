@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
@@ -201,6 +201,9 @@ class Harness:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=50))
+# Found by this test: reclaimed, run again and completed while the controller did not answer.
+@example(ops=[("submit", 0, 1, "5m", False), ("submit", 0, 1, "5m", False), ("start", 9), ("slurm_down",),
+              ("reclaim", 23)])
 def test_no_charge_is_counted_twice_or_lost(ops: list[tuple[Any, ...]], template: Path,
                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     db = tmp_path_factory.mktemp("prop") / "gb.db"

@@ -101,6 +101,38 @@ def test_reclaimed_job_is_charged_per_run_once_across_restarts(db_url: str) -> N
         assert s.execute(select(LedgerRun.run_index).order_by(LedgerRun.run_index)).scalars().all() == [0, 1]
 
 
+def test_a_job_slurm_ran_again_unseen_is_settled_run_by_run_and_not_run_a_third_time(db_url: str) -> None:
+    """Started, reclaimed, requeued, run again and completed, all while the controller did not
+    answer gbroker: each run is its own attempt and is charged; the job is done, not resubmitted."""
+    from broker.db.models import Attempt, Job
+
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.down = True
+    w.tick()
+    assert w.slurm.start(sid)
+    w.advance(100)
+    assert w.slurm.reclaim(sid)
+    assert w.slurm.start(sid, node="spot2")
+    w.advance(40)
+    assert w.slurm.finish(sid)
+    w.slurm.down = False
+    for _ in range(3):
+        w.advance(30)
+        w.tick()
+    with w.svc.sessions() as s:
+        job = s.execute(select(Job)).scalar_one()
+        attempts = s.execute(select(Attempt).order_by(Attempt.number)).scalars().all()
+        assert job.state.value == "completed", (job.state, job.reason)
+        assert [(a.slurm_job_id, a.slurm_restarts, a.state.value) for a in attempts] == [
+            (sid, 0, "reclaimed"), (sid, 1, "completed")]
+        assert job.reclaims == 1
+    assert sorted(w.slurm.jobs_by_id) == [sid], "no new submission for a job that already completed"
+    assert [(ln["run_index"], ln["seconds"], ln["tag"]) for ln in w.lines()] == [(0, 100, "lost"), (1, 40, "useful")]
+
+
 def test_price_change_in_the_middle_of_a_running_job_is_charged_in_two_parts(db_url: str) -> None:
     w = World(db_url)
     setup_lab(w.svc)
