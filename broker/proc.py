@@ -76,15 +76,20 @@ class Identity:
     home: str
 
 
-def identity(user: str) -> Identity:
-    """Look a user up; NotFound with a hint when there is no such user."""
+def passwd_entry(user: str) -> pwd.struct_passwd:
+    """The user's passwd entry (no group list); NotFound with a hint when there is no such user."""
     try:
-        pw = pwd.getpwnam(user)
+        return pwd.getpwnam(user)
     except KeyError:
         raise NotFound(
             f"no Unix user named {user!r} on this machine",
             hint="create the account (or fix the user name) first",
         ) from None
+
+
+def identity(user: str) -> Identity:
+    """Look a user up, with the groups they are in; NotFound with a hint when there is no such user."""
+    pw = passwd_entry(user)
     groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
     return Identity(pw.pw_uid, pw.pw_gid, groups, pw.pw_name, pw.pw_dir)
 

@@ -118,9 +118,13 @@ class Services:
             self.inflight.discard(attempt_id)
             if committed:
                 t = time.monotonic()
-                self.sbatched_at[attempt_id] = t
-                for k in [k for k, v in self.sbatched_at.items() if v < t - SBATCH_MEMORY_S]:
-                    del self.sbatched_at[k]
+                self.sbatched_at.pop(attempt_id, None)
+                self.sbatched_at[attempt_id] = t  # last in the dict: it is ordered by time
+                while self.sbatched_at:  # forget the oldest, from the front (not a scan per submission)
+                    oldest = next(iter(self.sbatched_at))
+                    if self.sbatched_at[oldest] >= t - SBATCH_MEMORY_S:
+                        break
+                    del self.sbatched_at[oldest]
 
     def sbatch_busy(self, attempt_id: int, since: float) -> bool:
         """True while the attempt's sbatch is under way, or when it was committed

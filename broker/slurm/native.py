@@ -109,11 +109,11 @@ class Native:
         environment; the job id. ``argv`` is the equivalent sbatch command, for messages."""
         ffi, lib = self.ffi, self.lib
         if req.user is not None:
-            who = proc.identity(req.user)  # NotFound, with a hint, for an account that is gone
-            uid, gid, name, home = who.uid, who.gid, who.name, who.home
+            # NotFound, with a hint, for an account that is gone; Slurm finds the job's groups itself.
+            pw = proc.passwd_entry(req.user)
         else:
             pw = pwd.getpwuid(os.getuid())
-            uid, gid, name, home = pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir
+        uid, gid, name, home = pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir
         keep: list[Any] = []  # the C strings, alive until the call returns
 
         def c(text: str) -> Any:

@@ -17,6 +17,9 @@ is cancelled and the partition set UP again at the end.
 
 Run as root, the dev cluster up (or it is started):
     python tests/bench/bench_load.py [--jobs 1000] [--clients 8]
+    python tests/bench/bench_load.py --profile /tmp/daemon.txt
+        # where the daemon's time goes while the clients submit: py-spy (pip install py-spy)
+        # samples it, and the functions that take the most of it are printed
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,6 +146,29 @@ def set_up_lab(args: argparse.Namespace, env: dict[str, str], sock: str) -> str:
     return f"group vision with a budget and quotas ({args.jobs * 2} GPUs), checked at each submission"
 
 
+def print_profile(path: str, top: int = 25) -> None:
+    """Where the daemon held the GIL (py-spy's collapsed stacks, sampled with --gil): inclusive share."""
+    total, inclusive, own = 0, dict[str, int](), dict[str, int]()
+    for line in Path(path).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1]
+                  for f in stack.split(";")[1:]]
+        total += n
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + n
+        if frames:
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+    if not total:
+        print(f"  profile: no samples in {path}")
+        return
+    print(f"  profile ({total} samples of the daemon; inclusive %, own %):")
+    for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {100 * n / total:5.1f} {100 * own.get(f, 0) / total:5.1f}  {f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1000)
@@ -151,7 +178,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="Keep the work directory (the daemon's log, at INFO).")
     ap.add_argument("--no-lab", action="store_true",
                     help="No group, budget or quota (by default the submitter's group has all three).")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="Sample the daemon with py-spy while the clients submit; its stacks go to FILE "
+                         "(collapsed, one per line) and the costliest functions are printed.")
     args = ap.parse_args()
+    if args.profile and not shutil.which("py-spy", path=os.path.dirname(sys.executable) + ":" + os.environ["PATH"]):
+        sys.exit("--profile needs py-spy: pip install py-spy")
     if os.geteuid() != 0:
         sys.exit("run as root (the daemon submits as the users)")
     slurm_conf = dev_cluster_conf()
@@ -192,6 +224,13 @@ def main() -> None:
             [sys.executable, "-c", STATUS, str(REPO), sock, str(start_at), stop_file],
             env=env, stdout=subprocess.PIPE, text=True, cwd="/",
             user=reader.pw_uid, group=reader.pw_gid, extra_groups=[])
+        spy = None
+        if args.profile:
+            spy_bin = shutil.which("py-spy", path=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+            assert spy_bin is not None
+            spy = subprocess.Popen([spy_bin, "record", "--pid", str(daemon.pid), "--format", "raw", "--rate", "250", "--gil",
+                                    "--nonblocking", "--output", args.profile], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=600)
@@ -199,6 +238,9 @@ def main() -> None:
                 raise SystemExit(f"a client failed (exit {p.returncode}); see {work}/daemon.log")
             results.append(json.loads(out))
         Path(stop_file).touch()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         status_out, _ = status_proc.communicate(timeout=60)
         load_after = os.getloadavg()
         after = os.times()
@@ -227,6 +269,8 @@ def main() -> None:
         queued = subprocess.run(["squeue", "-h", "-u", args.submitter, "-p", PARTITION, "-o", "%j"], env=env,
                                 capture_output=True, text=True).stdout.split()
         print(f"  Slurm queue: {sum(1 for j in queued if j.startswith('gb-'))} gbroker jobs of {args.submitter}")
+        if args.profile:
+            print_profile(args.profile)
     finally:
         for p in procs:
             if p.poll() is None:

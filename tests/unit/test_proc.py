@@ -67,3 +67,7 @@ def test_unknown_users_are_not_found() -> None:
 
     with pytest.raises(NotFound):
         proc.identity("no-such-user-gbroker")
+    with pytest.raises(NotFound) as err:
+        proc.passwd_entry("no-such-user-gbroker")
+    assert err.value.hint and "create the account" in err.value.hint
+    assert proc.passwd_entry("alice").pw_uid == proc.identity("alice").uid

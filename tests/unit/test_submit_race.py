@@ -166,3 +166,26 @@ def test_a_key_stored_between_the_check_and_the_insert_answers_with_that_job(
     assert again["id"] == first["id"] and "already submitted" in again["note"], again
     assert len(world.slurm.jobs_by_id) == 1 and len(calls) == 2
     assert len(show(world, first["id"])["attempts"]) == 1
+
+
+def test_a_committed_sbatch_is_remembered_for_its_window_then_forgotten(world: World, monkeypatch: Any) -> None:
+    """sbatch_busy answers from memory: recent commits are kept, old ones dropped from the front."""
+    import broker.state as state
+
+    svc = world.svc
+    clock = [1000.0]
+    monkeypatch.setattr(state.time, "monotonic", lambda: clock[0])
+    for attempt in (1, 2, 3):
+        assert svc.claim_sbatch(attempt)
+        svc.sbatch_finished(attempt, committed=True)
+        clock[0] += 100
+    assert svc.claim_sbatch(1)  # again, later: it moves to the back
+    svc.sbatch_finished(1, committed=True)
+    clock[0] += state.SBATCH_MEMORY_S - 150  # at 1750: attempt 2 (at 1100) is older than the window, 3 not yet
+    assert svc.claim_sbatch(4)
+    svc.sbatch_finished(4, committed=True)
+    assert list(svc.sbatched_at) == [3, 1, 4]
+    clock[0] += 100
+    svc.sbatch_finished(5, committed=True)
+    assert list(svc.sbatched_at) == [1, 4, 5]
+    assert svc.sbatch_busy(1, since=1200.0) and not svc.sbatch_busy(3, since=0.0)
