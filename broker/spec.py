@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
+from broker.jobname import DEFAULT_KIND, MAX_NAME_CHARS, default_name
 
 if TYPE_CHECKING:
     from broker.pieces import Pieces
@@ -56,7 +57,6 @@ MAX_SIGNAL_LEAD_S = 3600
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_JOB_FILE_BYTES = 1024 * 1024
-MAX_NAME_CHARS = 64
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_PATH_CHARS = 4096
@@ -91,7 +91,6 @@ files. gbroker sets the job's basic environment itself; a job that needs one of
 these sets it in its own script, where it affects nothing but that program."""
 LOADER_ENV_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_", "MALLOC_", "GLIBC_")
 
-INTERPRETERS = frozenset({"python", "python3", "bash", "sh", "zsh", "env", "srun", "mpirun", "torchrun"})
 
 TOP_LEVEL_KEYS: tuple[str, ...] = (
     "name",
@@ -565,7 +564,7 @@ class _Parser:
         after = check(self.after, data, fallback=no_after)
         name_raw = check(self.string, data, "name", fallback=None)
         name = (check(self.name, "name", name_raw, fallback="") if name_raw is not None
-                else _default_name(command, script_path, kind))
+                else default_name(command, script_path, kind))
         spec = JobSpec(
             name=name, kind=kind, group=group, time_limit_s=time_limit_s or 1, gpus_per_node=gpus_per_node,
             nodes=nodes, deadline=deadline, interruptible=interruptible, checkpoint_style=style,
@@ -885,7 +884,7 @@ class _Parser:
         return self.integer(data, "tasks_per_node", 1, 1, 256, "a node's cores")
 
     def kind(self, data: Mapping[str, Any]) -> str:
-        kind = data.get("kind", "other")
+        kind = data.get("kind", DEFAULT_KIND)
         if not isinstance(kind, str) or kind not in KINDS:
             close = _close_match(str(kind), KINDS, cutoff=0.5)
             hint = f"did you mean {close}?" if close else None
@@ -1140,10 +1139,6 @@ def _clean_path(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _base_name(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _read_sweep(path: str) -> list[str]:
     """The lines of a sweep file (CLI side, as the user): blank lines and ``#`` comments left out."""
     try:
@@ -1176,18 +1171,3 @@ def _read_script(path: str) -> str:
     except UnicodeDecodeError as exc:
         raise SpecError(f"script: {path} is not valid UTF-8 (byte {exc.start})",
                         hint="save the script as UTF-8") from exc
-
-
-def _default_name(command: tuple[str, ...] | None, script_path: str | None, kind: str) -> str:
-    """A name a human recognises: 'train.py' for ['python', 'train.py'], the script's file name."""
-    source = None
-    if command:
-        source = command[0]
-        base = _base_name(source)
-        if base.rstrip("0123456789.") in INTERPRETERS and len(command) > 1 and not command[1].startswith("-"):
-            source = command[1]
-    elif script_path:
-        source = script_path
-    base = _base_name(source) if source else ""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip("-")[:MAX_NAME_CHARS]
-    return cleaned or kind

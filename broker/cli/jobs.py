@@ -22,18 +22,20 @@ CHECKPOINT_STYLES = ("signal", "pieces", "none")
 
 
 def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
-    """Merge a TOML job file with flags (flags win), validate, and return the dict the daemon re-checks.
+    """Merge a TOML job file with flags (flags win) into the fields the daemon checks.
 
-    Files (the job file, a script) are read here, as the user, so the daemon
-    never opens a path a user names.
+    Files (the job file, a script, a sweep) are read here, as the user, so the
+    daemon never opens a path a user names: a job that names one is parsed
+    here (``broker.spec``, which reads them) and goes as the parser wrote it.
+    A job of flags and a command names no file: its fields go as written, and
+    the daemon checks them with the same parser (its refusal reads the same),
+    so ``gbroker submit -- cmd`` does not load the parser at all.
     """
-    from datetime import UTC, datetime
-
-    from broker.spec import load_job_file, parse_spec, spec_to_dict
-
     data: dict[str, Any] = {}
     base = Path.cwd()
     if job_file:
+        from broker.spec import load_job_file
+
         data = load_job_file(job_file)
         base = Path(job_file).resolve().parent
         script = data.get("script")
@@ -85,6 +87,17 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         ck["dir"] = str(base / ck["dir"])
     if ck and isinstance(ck, dict) and ck.get("dir") and "style" not in ck:
         ck["style"] = "signal"
+    if not job_file and "script" not in data and "sweep" not in data:
+        if "name" not in data:  # named here as the parser would: the log this client makes carries it
+            from broker.jobname import DEFAULT_KIND, default_name
+
+            kind = data.get("kind") or DEFAULT_KIND
+            data["name"] = default_name(data.get("command"), None, kind if isinstance(kind, str) else DEFAULT_KIND)
+        return data
+    from datetime import UTC, datetime
+
+    from broker.spec import parse_spec, spec_to_dict
+
     return spec_to_dict(parse_spec(data, now=datetime.now(UTC)))
 
 

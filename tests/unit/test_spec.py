@@ -517,3 +517,23 @@ def test_a_deeply_nested_job_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         load_job_file(str(f))
     assert str(f) in err.value.message and "nested" in err.value.message
+
+
+def test_a_submit_of_flags_loads_no_parser_and_one_with_a_job_file_does(tmp_path: Path) -> None:
+    """`gbroker submit -- cmd` names no file: the daemon parses it, the CLI never loads broker.spec."""
+    job = tmp_path / "job.toml"
+    job.write_text('group = "vision"\ntime_limit = "5m"\ncommand = ["true"]\n')
+    code = (
+        "import sys\nfrom broker.cli.main import main\n"
+        "sys.argv = ['gbroker', '--socket', sys.argv[1], 'submit', *sys.argv[2:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('broker.spec' in sys.modules, 'dataclasses' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    nowhere = str(tmp_path / "no-daemon.sock")
+    for args, loaded in ((["--group", "vision", "--time", "5m", "--", "python3", "train.py"], "False False"),
+                         ([str(job)], "True True")):
+        out = subprocess.run([sys.executable, "-c", code, nowhere, *args], capture_output=True, text=True,
+                             cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+        assert out.stdout.strip() == loaded, out.stdout + out.stderr
+        assert "daemon is not running" in out.stderr and "Nothing was submitted" in out.stderr, out.stderr

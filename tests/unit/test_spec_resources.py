@@ -420,7 +420,30 @@ def test_submit_flags_reach_the_spec(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert spec.gpu_types == ("a100", "h100", "l40s")
     assert (spec.gpu_mem_gb, spec.cpus_per_gpu, spec.mem_per_gpu_mb) == (40, 4, 512)
     wire = build_spec(None, _flags(mem="2G", cpus_per_task=3), ("true",))
-    assert (wire["mem"], wire["cpus_per_task"], "gpu" in wire) == ("2048M", 3, False)
+    assert (wire["mem"], wire["cpus_per_task"], "gpu" in wire) == ("2G", 3, False)  # as written: the daemon parses
+    spec = spec_from_dict(wire, now=NOW)
+    assert (spec.mem_mb, spec.cpus_per_task, spec.gpu_types, spec.name) == (2048, 3, (), "true")
+
+
+def test_a_job_of_flags_goes_as_written_and_one_naming_a_file_is_parsed_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flags and a command name no file: the CLI sends them as written, named as the parser
+    names a job (its log carries the name), and the daemon's parser gives the same spec."""
+    from broker.cli.jobs import build_spec
+    from broker.spec import parse_spec
+
+    monkeypatch.chdir(tmp_path)
+    flags = _flags(time_limit="90m", deadline="+3h", env=("A=1",), kind="render")
+    for command, name in ((("python3", "train.py", "--lr", "1"), "train.py"), (("/usr/bin/sleep", "5"), "sleep"),
+                          (("python", "-m", "pkg"), "python"), (("--odd;name",), "odd_name")):
+        wire = build_spec(None, dict(flags), command)
+        assert wire["name"] == name and wire["time_limit"] == "90m" and wire["deadline"] == "+3h"
+        assert spec_from_dict(wire, now=NOW) == parse_spec({k: v for k, v in wire.items() if k != "name"}, now=NOW)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --mem=1G\nhostname\n")
+    wire = build_spec(None, _flags(script_path=str(script)), ())
+    assert wire["script"] == {"text": script.read_text(), "path": str(script)} and wire["mem"] == "1024M"
+    assert wire["time_limit"] == "3600s"  # parsed here: the file was read as the user
 
 
 def test_a_flag_that_disagrees_with_a_script_line_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -449,8 +472,8 @@ def test_bad_flags_are_refused(flags: dict[str, Any], fragment: str, tmp_path: P
     from broker.cli.jobs import build_spec
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SpecError) as info:
-        build_spec(None, _flags(**flags), ("true",))
+    with pytest.raises(SpecError) as info:  # the daemon's check (flags alone are not parsed by the CLI)
+        spec_from_dict(build_spec(None, _flags(**flags), ("true",)), now=NOW)
     assert fragment in str(info.value)
 
 
