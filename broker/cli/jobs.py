@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -32,18 +31,18 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     so ``gbroker submit -- cmd`` does not load the parser at all.
     """
     data: dict[str, Any] = {}
-    base = Path.cwd()
+    base = os.getcwd()  # os.path, not pathlib: `gbroker submit` starts without pathlib and urllib
     if job_file:
         from broker.spec import load_job_file
 
         data = load_job_file(job_file)
-        base = Path(job_file).resolve().parent
+        base = os.path.dirname(os.path.realpath(job_file))
         script = data.get("script")
         if isinstance(script, str) and "\n" not in script and not os.path.isabs(script):
-            data["script"] = str(base / script)
+            data["script"] = os.path.join(base, script)
         sweep = data.get("sweep")
         if isinstance(sweep, str) and not os.path.isabs(sweep):
-            data["sweep"] = str(base / sweep)
+            data["sweep"] = os.path.join(base, sweep)
     for key, value in flags.items():
         if value is None:
             continue
@@ -84,7 +83,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         )
     ck = data.get("checkpoint")
     if isinstance(ck, dict) and isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
-        ck["dir"] = str(base / ck["dir"])
+        ck["dir"] = os.path.join(base, ck["dir"])
     if ck and isinstance(ck, dict) and ck.get("dir") and "style" not in ck:
         ck["style"] = "signal"
     if not job_file and "script" not in data and "sweep" not in data:
@@ -167,7 +166,7 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
     command = args
     if args and args[0].endswith(".toml"):
         job_file, command = args[0], args[1:]
-        if not Path(job_file).is_file():
+        if not os.path.isfile(job_file):
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
     spec = build_spec(job_file, flags, command)
     # The key is made here (by the client), so a retry after a lost answer (a daemon restart)

@@ -15,6 +15,10 @@ Run (as root, dev cluster up for part 1):
     python tests/bench/bench_broker.py            # both parts
     python tests/bench/bench_broker.py --ticks-only
     python tests/bench/bench_broker.py --submit-only
+    python tests/bench/bench_broker.py --submit-only --cli-python /opt/gbroker/cli/bin/python
+        # the CLI side (gbroker and the click floor) from another environment, e.g. a regular
+        # (not editable) install: an editable install's import hook costs every start of
+        # its Python some 20 ms, the floor's and gbroker's alike, which flatters the ratio
 """
 
 from __future__ import annotations
@@ -113,10 +117,8 @@ def bench_ticks(n: int) -> dict[str, float]:
 
 
 # -- part 1: submit latency -----------------------------------------------------
-_SCRIPT = Path(sys.executable).with_name("gbroker")
-GBROKER = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "broker"]
-"""The command users run: the installed ``gbroker`` entry point (``python -m broker`` adds runpy's
-start-up, about 9 ms here), or ``-m broker`` where it is not installed."""
+# The command users run is the installed ``gbroker`` entry point next to the CLI's Python
+# (``python -m broker`` adds runpy's start-up, about 9 ms), or ``-m broker`` where there is none.
 
 def _median_walls(commands: dict[str, list[str]], env: dict[str, str], runs: int, cwd: str) -> dict[str, float]:
     """Median wall time of each command, run in turns (one of each per round, after one warm-up
@@ -149,24 +151,27 @@ def _start_daemon(slurm_conf: str, submit_with: str) -> tuple[subprocess.Popen[b
     return daemon, sock, env
 
 
-def bench_submit(runs: int) -> dict[str, float]:
+def bench_submit(runs: int, cli_python: str = sys.executable) -> dict[str, float]:
     """gbroker submit to a daemon queueing with sbatch and to one queueing through libslurm,
-    in the same rounds as the floors."""
+    in the same rounds as the floors; the CLI and the click floor run with ``cli_python``
+    (the daemons with this Python)."""
+    script = Path(cli_python).with_name("gbroker")
+    gbroker = [str(script)] if script.exists() else [cli_python, "-m", "broker"]
     slurm_conf = dev_cluster_conf()
     daemons = {way: _start_daemon(slurm_conf, way) for way in ("sbatch", "libslurm")}
     env = daemons["sbatch"][2]
     try:
         hold = ["--hold"]  # held jobs: measure submission, not scheduling
         sbatch = ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5", *hold, "--wrap", "sleep 1"]
-        click_then_sbatch = ["sh", "-c", f'"{sys.executable}" -c "import click" && exec "$@"', "sh", *sbatch]
+        click_then_sbatch = ["sh", "-c", f'"{cli_python}" -c "import click" && exec "$@"', "sh", *sbatch]
         commands = {
-            "python -c 'import click'": [sys.executable, "-c", "import click"],
-            "gbroker status": [*GBROKER, "--socket", daemons["libslurm"][1], "status"],
+            "python -c 'import click'": [cli_python, "-c", "import click"],
+            "gbroker status": [*gbroker, "--socket", daemons["libslurm"][1], "status"],
             "sbatch": sbatch,
             "python+click+sbatch": click_then_sbatch,
         }
         for way, (_, sock, _) in daemons.items():
-            commands[f"gbroker submit ({way})"] = [*GBROKER, "--socket", sock, "submit", "--group", "vision",
+            commands[f"gbroker submit ({way})"] = [*gbroker, "--socket", sock, "submit", "--group", "vision",
                                                    "--time", "5m", "--", "sleep", "1"]
         results = _median_walls(commands, env, runs, os.path.dirname(daemons["sbatch"][1]))
     finally:
@@ -187,9 +192,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--ticks-only", action="store_true")
     ap.add_argument("--submit-only", action="store_true", help="Part 1 only.")
+    ap.add_argument("--cli-python", default=sys.executable, metavar="PYTHON",
+                    help="The Python whose gbroker (and click, for the floor) is measured [default: this one].")
     args = ap.parse_args()
     if not args.ticks_only:
-        sub = bench_submit(args.runs)
+        sub = bench_submit(args.runs, args.cli_python)
         click_only = sub.pop("python -c 'import click'")
         status = sub.pop("gbroker status")
         print(f"CLI start-up, median of {args.runs}: python -c 'import click' {click_only * 1000:.1f} ms, "
@@ -201,7 +208,9 @@ def main() -> None:
         for way in ("sbatch", "libslurm"):
             print(f"  gbroker submit ({way}) over python+click+sbatch: "
                   f"x{sub[f'gbroker submit ({way})'] / sub['python+click+sbatch']:.2f}")
-        print(f"  (gbroker run as {' '.join(GBROKER)}; the daemon queues with sbatch as the user, or through libslurm)")
+        script = Path(args.cli_python).with_name("gbroker")
+        shown = str(script) if script.exists() else f"{args.cli_python} -m broker"
+        print(f"  (gbroker run as {shown}; the daemon queues with sbatch as the user, or through libslurm)")
         print(f"  load average {os.getloadavg()[0]:.2f} (1 min; {os.cpu_count()} CPUs)")
         if args.submit_only:
             return
