@@ -23,7 +23,7 @@ bookkeeping itself (open, close, busy/idle stretches) is ``broker.nodes.sessions
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -156,6 +156,30 @@ class PartitionNodeCost:
         }  # fmt: skip
 
 
+def sessions_in(s: Session, start: datetime | None, end: datetime) -> dict[int, NodeSession]:
+    """The node sessions that overlap [start, end) (from the first, when ``start`` is None), by id."""
+    q = select(NodeSession).where(NodeSession.resumed_at < end)
+    if start is not None:
+        q = q.where(or_(NodeSession.suspended_at.is_(None), NodeSession.suspended_at > start))
+    return {x.id: x for x in s.execute(q).scalars()}
+
+
+def stretches_in(
+    s: Session, sessions: dict[int, NodeSession], start: datetime | None, end: datetime,
+) -> Iterator[tuple[NodeSession, NodeUsage, datetime, datetime]]:
+    """Each busy or idle stretch of ``sessions``, cut to [start, end): (session, stretch, from, to).
+
+    Open stretches run to ``end``; a stretch with nothing left inside the window is left out.
+    """
+    if not sessions:
+        return
+    for u in s.execute(select(NodeUsage).where(NodeUsage.session_id.in_(list(sessions)))).scalars():
+        a = u.started_at if start is None else max(u.started_at, start)
+        b = min(u.ended_at or end, end)
+        if b > a:
+            yield sessions[u.session_id], u, a, b
+
+
 def node_cost(s: Session, start: datetime | None, end: datetime) -> list[PartitionNodeCost]:
     """Per partition: node seconds in [start, end), busy and idle, and their cost.
 
@@ -163,20 +187,13 @@ def node_cost(s: Session, start: datetime | None, end: datetime) -> list[Partiti
     ``stretch_cost`` at its session's price, exactly as the ledger charges it.
     Only reads, inside the caller's session.
     """
-    q = select(NodeSession).where(NodeSession.resumed_at < end)
-    if start is not None:
-        q = q.where(or_(NodeSession.suspended_at.is_(None), NodeSession.suspended_at > start))
-    sessions = {x.id: x for x in s.execute(q).scalars()}
+    sessions = sessions_in(s, start, end)
     if not sessions:
         return []
     cuts = semester_cuts(s)
     out: dict[str, PartitionNodeCost] = {}
-    usage = s.execute(select(NodeUsage).where(NodeUsage.session_id.in_(list(sessions)))).scalars()
     counted: set[int] = set()
-    for u in usage:
-        sess = sessions[u.session_id]
-        a = u.started_at if start is None else max(u.started_at, start)
-        b = min(u.ended_at or end, end)
+    for sess, u, a, b in stretches_in(s, sessions, start, end):
         secs = int((b - a).total_seconds())
         if secs <= 0:
             continue

@@ -1,7 +1,8 @@
 """Per node, over a window: busy, idle and released (powered-down) seconds, from the node sessions.
 
 Read-only, inside the caller's session. A session's usage stretches (busy or
-idle, ``broker/nodes/sessions.py`` writes them) are cut to the window; open
+idle, ``broker/nodes/sessions.py`` writes them) are cut to the window
+(``broker.money.nodecost.stretches_in``, as ``gbroker node report`` cuts them); open
 ones count up to its end. Released is the rest of the window: the node was
 powered down (given back) then. Nodes with no session in the window (owned
 nodes, which are never released) are not listed.
@@ -12,17 +13,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from broker.db.node_models import USAGE_BUSY, NodeSession, NodeUsage
+from broker.db.node_models import USAGE_BUSY
+from broker.money.nodecost import sessions_in, stretches_in
 
 
 def node_time(s: Session, start: datetime, end: datetime) -> list[dict[str, Any]]:
     window = max(0, int((end - start).total_seconds()))
-    q = select(NodeSession).where(NodeSession.resumed_at < end,
-                                  or_(NodeSession.suspended_at.is_(None), NodeSession.suspended_at > start))
-    sessions = {x.id: x for x in s.execute(q).scalars()}
+    sessions = sessions_in(s, start, end)
     rows: dict[str, dict[str, Any]] = {}
     for sess in sessions.values():
         row = rows.setdefault(sess.node, {"node": sess.node, "partition": sess.partition,
@@ -31,13 +30,8 @@ def node_time(s: Session, start: datetime, end: datetime) -> list[dict[str, Any]
         row["sessions"] += 1
         a, b = max(sess.resumed_at, start), min(sess.suspended_at or end, end)
         row["powered_s"] += max(0, int((b - a).total_seconds()))
-    if sessions:
-        usage = s.execute(select(NodeUsage).where(NodeUsage.session_id.in_(list(sessions)))).scalars()
-        for u in usage:
-            sess = sessions[u.session_id]
-            a, b = max(u.started_at, start), min(u.ended_at or end, end)
-            secs = max(0, int((b - a).total_seconds()))
-            rows[sess.node]["busy_s" if u.state == USAGE_BUSY else "idle_s"] += secs
+    for sess, u, a, b in stretches_in(s, sessions, start, end):
+        rows[sess.node]["busy_s" if u.state == USAGE_BUSY else "idle_s"] += int((b - a).total_seconds())
     out = []
     for name in sorted(rows):
         row = rows[name]

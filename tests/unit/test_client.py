@@ -41,15 +41,20 @@ def daemon(tmp_path: Path) -> Iterator[tuple[World, Client]]:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Client]) -> None:
+def _spec(workdir: Path, **kw: Any) -> dict[str, Any]:
+    """A job spec run in ``workdir`` (the client makes the job's log there, as it would in /tmp)."""
+    return {**job_spec(**kw), "workdir": str(workdir)}
+
+
+def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Client], tmp_path: Path) -> None:
     world, client = daemon
     key = new_key()
-    result = client.submit(job_spec(name="train"), key=key)
+    result = client.submit(_spec(tmp_path, name="train"), key=key)
     assert isinstance(result, SubmitResult) and isinstance(result.job, Job)
     assert result.job.name == "train" and result.job.key == key and result.job.group == "vision"
     assert result.slurm_job_id is not None and result.slurm_job_id == result.job.slurm_job_id
     assert result.raw["id"] == result.id  # the daemon's own answer, for --json
-    again = client.submit(job_spec(name="train"), key=key)
+    again = client.submit(_spec(tmp_path, name="train"), key=key)
     assert again.id == result.id and again.note and "already submitted" in again.note
 
     listed = client.status()
@@ -61,7 +66,8 @@ def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Clien
     assert job.attempts[0].number == 1 and job.attempts[0].slurm_job_id == result.slurm_job_id
     assert job.events and all(isinstance(e, Event) for e in job.events)
     assert "intent" in [e.kind for e in job.events]
-    assert job.log and job.log.startswith("/tmp/gbroker-train-")
+    assert job.log and job.log.startswith(f"{tmp_path}/gbroker-train-")
+    assert sorted(p.name for p in tmp_path.glob("gbroker-*.out")) == [job.log.rsplit("/", 1)[1]]  # the retry's went
     assert not job.ended
 
     done = client.cancel(result.id)
@@ -70,19 +76,20 @@ def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Clien
     assert client.status() == [] and [j.id for j in client.history()] == [result.id]
 
 
-def test_a_refusal_keeps_the_daemons_message_and_exit_code(daemon: tuple[World, Client]) -> None:
+def test_a_refusal_keeps_the_daemons_message_and_exit_code(daemon: tuple[World, Client], tmp_path: Path) -> None:
     _, client = daemon
     with pytest.raises(RemoteError) as err:
         client.show(999)
     assert "no job 999" in err.value.message and err.value.exit_code == 3
     with pytest.raises(RemoteError) as err:
-        client.submit(job_spec(gpus=64))
+        client.submit(_spec(tmp_path, gpus=64))
     assert "at most 8" in err.value.message and err.value.exit_code == 2
+    assert not list(tmp_path.glob("gbroker-*.out"))  # refused: the log the client made is gone again
 
 
-def test_report_rows_are_exact_money(daemon: tuple[World, Client]) -> None:
+def test_report_rows_are_exact_money(daemon: tuple[World, Client], tmp_path: Path) -> None:
     world, client = daemon
-    out = client.submit(job_spec())
+    out = client.submit(_spec(tmp_path))
     world.slurm.start(out.slurm_job_id)
     world.tick()
     world.advance(1800)
@@ -98,7 +105,7 @@ def test_report_rows_are_exact_money(daemon: tuple[World, Client]) -> None:
 
 def test_logs_reads_the_log_as_the_caller(daemon: tuple[World, Client], tmp_path: Path) -> None:
     world, client = daemon
-    out = client.submit(job_spec())
+    out = client.submit(_spec(tmp_path))
     path = client.log_path(out.id)
     assert client.logs(out.id) == ""  # not written yet
     Path(path).write_text("=== gbroker: job 1 attempt 1 starts: x\none\n=== gbroker: job 1 attempt 2 starts: y\ntwo\n")
