@@ -428,7 +428,8 @@ def load_settings(
 
 
 SLURM_SUBMIT_WAYS = ("auto", "sbatch", "libslurm")
-"""The values of ``slurm_submit`` (the Slurm backend checks what it is given against these too)."""
+"""The values of ``slurm_submit``, how jobs are queued: libslurm in the daemon when it is built for
+this Slurm ("auto"), else sbatch as the user; or always one way. The Slurm backend checks against these too."""
 _CHOICES = {"slurm_backend": ("auto", "cli", "pyslurm"), "slurm_submit": SLURM_SUBMIT_WAYS}
 
 

@@ -90,8 +90,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         if "name" not in data:  # named here as the parser would: the log this client makes carries it
             from broker.jobname import DEFAULT_KIND, default_name
 
-            kind = data.get("kind") or DEFAULT_KIND
-            data["name"] = default_name(data.get("command"), None, kind if isinstance(kind, str) else DEFAULT_KIND)
+            data["name"] = default_name(data.get("command"), None, data.get("kind") or DEFAULT_KIND)
         return data
     from datetime import UTC, datetime
 

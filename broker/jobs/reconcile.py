@@ -623,9 +623,8 @@ def _settle(
             _move(s, job, JobState.UNKNOWN, f"Slurm says {final.state_raw} but does not list it", now)
         return
     svc.unclear_since.pop(att.id, None)
-    att.ended_at = _utc(final.end) or now
-    att.started_at = att.started_at or _utc(final.start)
-    att.nodes = att.nodes or ",".join(final.nodelist)
+    _ended_as(att, final)
+    att.ended_at = att.ended_at or now
     att.exit_code = final.exit_code
     state = final.state
     if state == AttemptState.COMPLETED:
@@ -685,9 +684,7 @@ def _requeued(
         return
     svc.unclear_since.pop(att.id, None)
     if last is not None:
-        att.ended_at = _utc(last.end)
-        att.started_at = att.started_at or _utc(last.start)
-        att.nodes = att.nodes or ",".join(last.nodelist)
+        _ended_as(att, last)
     att.ended_at = att.ended_at or now
     cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"
     if cause == "REQUEUED" and is_failure_hold(sj.reason):
@@ -714,6 +711,13 @@ def _requeued(
     _recover(s, svc, job, att, now, plan, requeued=sj)
 
 
+def _ended_as(att: Attempt, row: SacctRow) -> None:
+    """The attempt's end, and its start and nodes where not known yet, as accounting's row of its run says."""
+    att.ended_at = _utc(row.end)
+    att.started_at = att.started_at or _utc(row.start)
+    att.nodes = att.nodes or ",".join(row.nodelist)
+
+
 def _ran_again(
     s: Session, svc: Services, job: Job, att: Attempt, rows: list[SacctRow], restarts: int, now: datetime,
     saves: SaveFacts | None,
@@ -729,9 +733,7 @@ def _ran_again(
     after = next(r for r in rows if r.restarts == restarts)
     last = mine[-1] if mine else None
     if last is not None:
-        att.ended_at = _utc(last.end)
-        att.started_at = att.started_at or _utc(last.start)
-        att.nodes = att.nodes or ",".join(last.nodelist)
+        _ended_as(att, last)
     att.ended_at = att.ended_at or _utc(after.start) or now
     att.lost_s = _lost_s(att, saves)
     cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUBMIT_WITH = SLURM_SUBMIT_WAYS
-"""How jobs are queued: libslurm in the daemon when it is built for this Slurm ("auto"), or always sbatch."""
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 """A GPU type as it may appear in ``--gres=gpu:TYPE:N`` (the spec checks users' names the same way)."""
@@ -91,8 +89,9 @@ class CliBackend(Backend):
             return ""
 
     def _load_native(self, submit_with: str) -> Native | None:
-        if submit_with not in SUBMIT_WITH:
-            raise ConfigError(f"unknown way to submit {submit_with!r}", hint=f"choose one of: {', '.join(SUBMIT_WITH)}")
+        if submit_with not in SLURM_SUBMIT_WAYS:
+            raise ConfigError(f"unknown way to submit {submit_with!r}",
+                              hint=f"choose one of: {', '.join(SLURM_SUBMIT_WAYS)}")
         if submit_with == "sbatch":
             return None
         from broker.slurm import native  # ctypes and the compiled module: only when it may be used
