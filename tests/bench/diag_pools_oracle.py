@@ -29,6 +29,17 @@ that a window that lasted is ranked above one that did not) on half A and
 on the held-out half B, per pool set, next to each feature's own AUC:
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py --fit
+
+``--decompose`` prints where a policy's gap goes, against the optimum, per
+setting (d = 0.2 h): the optimum's hours on on-demand and on spot and its
+changeover overhead (hours paid for no progress), each read off the exact
+optimum by raising one price by a micro-unit per hour (the cost rises by the
+seconds paid at that price; where several plans tie, the one with the
+fewest), next to the policy's: its on-demand hours while some pool had spot
+(waiting for a window old enough to leave for, the safety net, other) and
+while every pool was out, its hours waiting, and its moves:
+
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py --decompose [--half all] [--base NAME]
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from bench_pools import W, half_of, pool_sets  # noqa: E402
 
 from broker.sim.engine import SimJob  # noqa: E402
 from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
+from broker.sim.pools_optimum import solve_pools  # noqa: E402
 from broker.sim.single import policy_of  # noqa: E402
 from broker.sim.feed import SpotFeed  # noqa: E402
 from policies.base import Capacity, MarketView, PoolPlacement  # noqa: E402
@@ -178,6 +190,67 @@ def fit_window_model() -> None:
             print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {auc(ps, ys):.3f} | {one} |")
 
 
+class _Recorder:
+    """Wraps a policy and keeps every answer with the time, the job's state and
+    how many pools had spot (the simulator asks again on every change, so an
+    answer holds until the next one)."""
+
+    def __init__(self, policy):  # type: ignore[no-untyped-def]
+        self.policy = policy
+        self.log: list[tuple[int, Capacity, int, PoolPlacement]] = []
+
+    def place_pools(self, job, markets):  # type: ignore[no-untyped-def]
+        pl = self.policy.place_pools(job, markets)
+        self.log.append((job.elapsed_s, job.current, sum(m.spot_available >= job.nodes for m in markets), pl))
+        return pl
+
+
+def decompose(half: str, ratios: list[float], starts: int, seed: int, base: str, d: int = 720) -> None:
+    """The optimum's and the policy's hours by kind (see the module docstring)."""
+    print("| pool set | N | W/D | half | optimum on-demand h | optimum spot h | optimum overhead h | "
+          "policy on-demand h | policy spot h | policy overhead h | on-demand with spot: proof / net / other h | "
+          "on-demand, every pool out h | waiting h | moves | gap |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, nodes, traces in pool_sets():
+        if half != "all" and half_of(label) != half:
+            continue
+        traces = align(traces)
+        g = traces[0].gap_s
+        for r in ratios:
+            s = PoolSetting(W, round(W / r), d, tuple(918_000 for _ in traces), 3_060_000, nodes)
+            w = PoolWorker(traces, [base], s, starts, seed)
+            job = SimJob(s.work_s, s.deadline_s, s.changeover_s, nodes=s.nodes)
+            sp, od = [x * nodes for x in s.spot_micros], s.ondemand_micros * nodes
+            acc = [0.0] * 13
+            for off in w.offsets:
+                av = [f.avail[off: off + w.need] for f in w.feeds]
+                _, c0 = solve_pools(av, g, s.work_s, s.deadline_s, d, sp, od)
+                _, c_od = solve_pools(av, g, s.work_s, s.deadline_s, d, sp, od + 1)
+                _, c_sp = solve_pools(av, g, s.work_s, s.deadline_s, d, [x + 1 for x in sp], od)
+                rec = _Recorder(policy_of(base))
+                o = run_pools(rec, job, w.feeds, off, s.spot_micros, s.ondemand_micros, w.horizon)  # type: ignore[arg-type]
+                spent = [0.0] * 5  # proof, net, other (spot up), every pool out, waiting
+                for k, (t, cur, up, pl) in enumerate(rec.log):
+                    dt = (rec.log[k + 1][0] if k + 1 < len(rec.log) else t) - t
+                    if pl.capacity is Capacity.ONDEMAND and up:
+                        why = pl.reason
+                        spent[0 if "old enough" in why else 1 if "safety net" in why else 2] += dt
+                    elif pl.capacity is Capacity.ONDEMAND:
+                        spent[3] += dt
+                    elif pl.capacity is Capacity.NONE:
+                        spent[4] += dt
+                row = [c_od - c0, c_sp - c0, c_od + c_sp - 2 * c0 - s.work_s,
+                       o.ondemand_s, sum(o.spot_s), o.ondemand_s + sum(o.spot_s) - s.work_s, *spent]
+                for k, x in enumerate(row):
+                    acc[k] += x / 3600
+                acc[11] += o.moves
+                acc[12] += o.cost_us / c0 - 1
+            m = [x / len(w.offsets) for x in acc]
+            print(f"| {label} | {nodes} | {r} | {half_of(label)} | " + " | ".join(f"{x:.1f}" for x in m[:6])
+                  + f" | {m[6]:.1f} / {m[7]:.1f} / {m[8]:.1f} | {m[9]:.1f} | {m[10]:.1f} | {m[11]:.1f} | "
+                  f"{100 * m[12]:.1f}% |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--x", type=float, default=2)
@@ -189,7 +262,12 @@ def main() -> None:
     ap.add_argument("--base", default="gbroker", help="the policy the oracle falls back on (and is compared with)")
     ap.add_argument("--windows", action="store_true", help="print the window-length predictors and stop")
     ap.add_argument("--fit", action="store_true", help="fit gbroker's window predictor on half A, print it, stop")
+    ap.add_argument("--decompose", action="store_true",
+                    help="print where the policy's gap goes against the optimum's hours, per setting, and stop")
     a = ap.parse_args()
+    if a.decompose:
+        decompose(a.half, [float(x) for x in a.ratios.split(",")], a.starts, a.seed, a.base)
+        return
     if a.fit:
         fit_window_model()
         return
