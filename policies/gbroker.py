@@ -115,12 +115,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         pool_old_ratio: float | None = 0.2,
         pool_old_changeovers: float = 2.0,
         pool_old_short_share: float = 0.6,
-        pool_outage: str = "share",
-        pool_budget_share: float = 1.0,
-        pool_budget_min: int = 8,
-        pool_reserve_k: float = 1.0,
-        pool_young_wait: float = 0.0,
-        pool_leave_share: float | None = None,
     ) -> None:
         super().__init__(patience_s=patience_s, prove_changeovers=prove_changeovers)
         self.pool_choice = pool_choice
@@ -134,12 +128,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self.pool_old_ratio = None if pool_old_ratio is None else share(pool_old_ratio)
         self.pool_old_changeovers = pool_old_changeovers
         self.pool_old_short_share = pool_old_short_share
-        self.pool_outage = pool_outage
-        self.pool_budget_share = pool_budget_share
-        self.pool_budget_min = pool_budget_min
-        self.pool_reserve_k = pool_reserve_k
-        self.pool_young_wait = pool_young_wait
-        self.pool_leave_share = None if pool_leave_share is None else share(pool_leave_share)
         self.selective = selective
         self.scarce_factor = scarce_factor
         self.od_ratio = share(od_slack_ratio)
@@ -186,14 +174,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
     def place_pools(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement:
         if self.pool_rule == "prove" and len(markets) >= 2 and job.current is Capacity.ONDEMAND:
             return self._leave_ondemand(job, markets)
-        if self.pool_young_wait and len(markets) >= 2 and job.current is Capacity.NONE:
-            young = self._young_outage(job, markets)
-            if young is not None:
-                return young
-        if self.pool_outage in ("budget", "reserve") and len(markets) >= 2 and job.current is Capacity.NONE:
-            budgeted = self._outage_budget(job, markets)
-            if budgeted is not None:
-                return budgeted
         if self.pool_old_ratio is not None and len(markets) >= 2 and job.current is Capacity.NONE:
             waited = self._outage_of_every_pool(job, markets)
             if waited is not None:
@@ -250,8 +230,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         up = [j for j, m in enumerate(markets) if spot_usable(job, m)]
         if isinstance(first, Placement) or not up:
             return super().place_pools(job, markets)
-        if self.pool_leave_share is not None and slack_share_form(job, self.pool_leave_share, 3)[0] < 0:
-            return PoolPlacement(Capacity.ONDEMAND, None, "slack under its share for leaving on-demand", 60)
         best = max(up, key=lambda j: (markets[j].spot_up_s or 0, -markets[j].spot_reclaim_rate_per_hour, -j))
         prove = int(self.pool_prove_changeovers * job.changeover_s)
         age = markets[best].spot_up_s or 0
@@ -292,56 +270,6 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
             return PoolPlacement(Capacity.ONDEMAND, None, p.reason, p.recheck_s)
         p = placed(Capacity.NONE, "every pool out: slack to spare, wait", [net, form])
         recheck = p.recheck_s if down >= old_s else max(1, min(p.recheck_s or NEVER_CHANGES_S, old_s - down))
-        return PoolPlacement(Capacity.NONE, None, p.reason, recheck)
-
-    def _young_outage(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
-        if any(spot_usable(job, m) for m in markets) or any(m.spot_down_s is None for m in markets):
-            return None
-        first = self._settled_first(job, markets[self.choose_pool(job, markets)])
-        if isinstance(first, Placement):
-            return None
-        _, net = first
-        age = min(m.spot_down_s or 0 for m in markets)
-        limit = int(self.pool_young_wait * job.changeover_s)
-        if age >= limit:
-            return None
-        p = placed(Capacity.NONE, "every pool just out: wait a little", [net])
-        return PoolPlacement(Capacity.NONE, None, p.reason, max(1, min(p.recheck_s or NEVER_CHANGES_S, limit - age)))
-
-    def _outage_budget(self, job: JobView, markets: Sequence[MarketView]) -> PoolPlacement | None:
-        """Waiting with every pool out: wait while the outage is younger than a
-        threshold chosen so that the outages expected in the time left, each
-        waited through up to it (and a changeover for those that outlast it),
-        spend at most ``pool_budget_share`` of the slack (ski rental with a
-        slack budget: short outages are waited through, long ones bought)."""
-        if any(spot_usable(job, m) for m in markets) or any(m.spot_down_s is None for m in markets):
-            return None
-        first = self._settled_first(job, markets[self.choose_pool(job, markets)])
-        if isinstance(first, Placement):
-            return None
-        outs, span = union_outages(markets, job.nodes)
-        if len(outs) < self.pool_budget_min or span <= 0:
-            return None
-        _, net = first
-        d = job.changeover_s
-        left = job.time_left_s or 0
-        slack = left - job.work_left_s - d
-        n = len(outs) * left / span
-        if self.pool_outage == "reserve":
-            reserve = self.pool_reserve_k * n * d
-            if slack < reserve:
-                p = placed(Capacity.ONDEMAND, "every pool out: slack under the changeovers to come", [net])
-                return PoolPlacement(Capacity.ONDEMAND, None, p.reason, p.recheck_s)
-            p = placed(Capacity.NONE, "every pool out: slack over the changeovers to come, wait", [net])
-            return PoolPlacement(Capacity.NONE, None, p.reason, min(p.recheck_s or NEVER_CHANGES_S, 300))
-        budget = self.pool_budget_share * slack
-        tau = threshold(sorted(outs), n, budget, d)
-        age = min(m.spot_down_s or 0 for m in markets)
-        if tau is not None and age >= tau:
-            p = placed(Capacity.ONDEMAND, "every pool out longer than the slack budget waits for", [net])
-            return PoolPlacement(Capacity.ONDEMAND, None, p.reason, p.recheck_s)
-        p = placed(Capacity.NONE, "every pool out: within the slack budget, wait", [net])
-        recheck = min(p.recheck_s or NEVER_CHANGES_S, 300 if tau is None else max(1, min(300, tau - age)))
         return PoolPlacement(Capacity.NONE, None, p.reason, recheck)
 
     def _proof_needed(self, job: JobView, markets: Sequence[MarketView], market: MarketView, prove: int) -> bool:
@@ -411,75 +339,3 @@ class GBrokerPolicy(GBrokerMarkovPolicy):
         self, job: JobView, history: Sequence[AttemptView], market: MarketView
     ) -> Decision:
         return decision_of(self.place(job, market))
-
-
-def threshold(outs: Sequence[int], n: float, budget: float, d: int) -> int | None:
-    """The largest outage age to wait up to such that ``n`` outages like
-    ``outs`` (sorted), each waited through to it and, when longer, left for
-    on-demand at a changeover, spend at most ``budget`` seconds of slack;
-    None: every outage can be waited through."""
-    m = len(outs)
-    total = sum(outs)
-    if n * total / m <= budget:
-        return None
-    best = 0
-    below = 0
-    for k, tau in enumerate(outs):
-        # outages shorter than tau: whole; the m - k others: tau and a changeover
-        spend = (below + (m - k) * (tau + d)) / m
-        if n * spend > budget:
-            # between the previous length and this one: solve for the threshold
-            return max(best, int((budget * m / n - below) / (m - k)) - d)
-        best = tau
-        below += tau
-    return best
-
-
-def union_outages(markets: Sequence[MarketView], nodes: int) -> tuple[list[int], int]:
-    """The outages of every pool at once in the past each pool's run lengths
-    tell (windows and outages alternate, newest last), and the span (s) over
-    which all pools' pasts are known."""
-    ups: list[list[tuple[int, int]]] = []
-    span = None
-    for m in markets:
-        up_now = m.spot_available >= nodes
-        age = (m.spot_up_s if up_now else m.spot_down_s) or 0
-        ws, os_ = list(m.spot_windows_s), list(m.spot_outages_s)
-        t = -age
-        iv = [(t, 0)] if up_now else []
-        state = not up_now
-        while True:
-            src = ws if state else os_
-            if not src:
-                break
-            x = src.pop()
-            if state:
-                iv.append((t - x, t))
-            t -= x
-            state = not state
-        ups.append(iv)
-        span = -t if span is None else min(span, -t)
-    if not span:
-        return [], 0
-    lo = -span
-    edges = []
-    for iv in ups:
-        for a, b in iv:
-            a, b = max(a, lo), b
-            if a < b:
-                edges.append((a, 1))
-                edges.append((b, -1))
-    edges.sort()
-    outs: list[int] = []
-    depth = 0
-    last = lo
-    started = False
-    for t, e in edges:
-        if depth == 0 and t > last and started:
-            outs.append(t - last)
-        depth += e
-        if depth > 0:
-            started = True
-        if depth == 0:
-            last = t
-    return outs, span

@@ -191,17 +191,17 @@ def fit_window_model() -> None:
 
 
 class _Recorder:
-    """Wraps a policy and keeps every answer with the time, the job's state and
-    how many pools had spot (the simulator asks again on every change, so an
+    """Wraps a policy and keeps every answer with the time and how many pools
+    had spot (the simulator asks again on every change, so an
     answer holds until the next one)."""
 
     def __init__(self, policy):  # type: ignore[no-untyped-def]
         self.policy = policy
-        self.log: list[tuple[int, Capacity, int, PoolPlacement]] = []
+        self.log: list[tuple[int, int, PoolPlacement]] = []
 
     def place_pools(self, job, markets):  # type: ignore[no-untyped-def]
         pl = self.policy.place_pools(job, markets)
-        self.log.append((job.elapsed_s, job.current, sum(m.spot_available >= job.nodes for m in markets), pl))
+        self.log.append((job.elapsed_s, sum(m.spot_available >= job.nodes for m in markets), pl))
         return pl
 
 
@@ -230,7 +230,7 @@ def decompose(half: str, ratios: list[float], starts: int, seed: int, base: str,
                 rec = _Recorder(policy_of(base))
                 o = run_pools(rec, job, w.feeds, off, s.spot_micros, s.ondemand_micros, w.horizon)  # type: ignore[arg-type]
                 spent = [0.0] * 5  # proof, net, other (spot up), every pool out, waiting
-                for k, (t, cur, up, pl) in enumerate(rec.log):
+                for k, (t, up, pl) in enumerate(rec.log):
                     dt = (rec.log[k + 1][0] if k + 1 < len(rec.log) else t) - t
                     if pl.capacity is Capacity.ONDEMAND and up:
                         why = pl.reason
