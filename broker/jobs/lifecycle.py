@@ -233,17 +233,20 @@ def attempt_lost(s: Session, job: Job, att: Attempt, why: str, lost_s: int, now:
                     f"({why}); it runs again on the same capacity", now=now, job_id=job.id)
 
 
-def attempt_continued(s: Session, job: Job, att: Attempt, how: str, now: datetime) -> bool:
+def attempt_continued(s: Session, job: Job, att: Attempt, how: str, now: datetime, *, limit: bool = True) -> bool:
     """The program stopped to go on in a new run (``how``): its work is kept, nothing was lost.
 
     False when the job has gone on more than ``MAX_CONTINUATIONS`` times: it failed.
+    ``limit=False`` for a run Slurm has already followed with the next one, out of
+    the queue by now: the limit stops a loop still going, and the runs that did
+    happen are each settled (and charged) as they ended.
     """
     attempt_ended(att, AttemptState.CONTINUED, outcome=how, lost_s=0)
     done = s.execute(
         select(func.count()).select_from(Attempt).where(Attempt.job_id == job.id,
                                                         Attempt.state == AttemptState.CONTINUED)
     ).scalar_one()
-    if done > MAX_CONTINUATIONS:
+    if limit and done > MAX_CONTINUATIONS:
         store.set_job_state(s, job, JobState.FAILED, f"stopped after {done} runs that each asked to go on", now=now)
         return False
     store.add_event(s, AttemptState.CONTINUED.value,

@@ -743,7 +743,7 @@ def _ran_again(
         lifecycle.attempt_moved(s, job, att, partition, now)
         reason = f"moved to {partition}"
     elif cause == "REQUEUED":
-        lifecycle.attempt_continued(s, job, att, "it requeued itself", now)
+        lifecycle.attempt_continued(s, job, att, "it requeued itself", now, limit=False)
         reason = "continuing: it requeued itself"
     else:
         preempted = last is not None and last.state == AttemptState.PREEMPTED

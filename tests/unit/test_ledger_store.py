@@ -133,6 +133,45 @@ def test_a_job_slurm_ran_again_unseen_is_settled_run_by_run_and_not_run_a_third_
     assert [(ln["run_index"], ln["seconds"], ln["tag"]) for ln in w.lines()] == [(0, 100, "lost"), (1, 40, "useful")]
 
 
+def test_runs_slurm_made_unseen_past_the_continuation_limit_are_settled_and_do_not_fail_the_job(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that requeued itself and ran to the end while the controller did not answer:
+    the limit on continuations stops a loop still going, not runs that already happened
+    (each is settled and charged, and the job ends as its last run did)."""
+    from broker.db.models import Attempt, Event, Job
+    from broker.jobs import lifecycle
+
+    monkeypatch.setattr(lifecycle, "MAX_CONTINUATIONS", 0)
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.down = True
+    w.tick()
+    assert w.slurm.start(sid)
+    w.advance(100)
+    w.slurm.down = False  # the program asks to go on (scontrol requeue from inside the job); gbroker does not tick
+    w.slurm.requeue([sid])
+    w.slurm.down = True
+    assert w.slurm.start(sid)
+    w.advance(40)
+    assert w.slurm.finish(sid)
+    w.slurm.down = False
+    for _ in range(3):
+        w.advance(30)
+        w.tick()
+    with w.svc.sessions() as s:
+        job = s.execute(select(Job)).scalar_one()
+        attempts = s.execute(select(Attempt).order_by(Attempt.number)).scalars().all()
+        events = s.execute(select(Event.message).where(Event.job_id == job.id)).scalars().all()
+        assert job.state.value == "completed", (job.state, job.reason)
+        assert [(a.slurm_restarts, a.state.value) for a in attempts] == [(0, "continued"), (1, "completed")]
+        assert not [e for e in events if "stopped after" in e], events
+    assert sorted(w.slurm.jobs_by_id) == [sid]
+    assert [(ln["run_index"], ln["seconds"]) for ln in w.lines()] == [(0, 100), (1, 40)]
+
+
 def test_price_change_in_the_middle_of_a_running_job_is_charged_in_two_parts(db_url: str) -> None:
     w = World(db_url)
     setup_lab(w.svc)
