@@ -6,6 +6,7 @@ in tests/integration/test_budgets.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -101,12 +102,10 @@ def test_reclaimed_job_is_charged_per_run_once_across_restarts(db_url: str) -> N
         assert s.execute(select(LedgerRun.run_index).order_by(LedgerRun.run_index)).scalars().all() == [0, 1]
 
 
-def test_a_job_slurm_ran_again_unseen_is_settled_run_by_run_and_not_run_a_third_time(db_url: str) -> None:
-    """Started, reclaimed, requeued, run again and completed, all while the controller did not
-    answer gbroker: each run is its own attempt and is charged; the job is done, not resubmitted."""
-    from broker.db.models import Attempt, Job
-
-    w = World(db_url)
+def _ran_twice_unseen(w: World, end_first_run: Callable[[int], None], second_node: str = "spot1") -> int:
+    """A job submitted and queued; then, while the controller does not answer gbroker, run
+    100 s, that run ended by ``end_first_run(slurm id)``, and run again 40 s to completion;
+    then three ticks with the controller back. The job's Slurm id."""
     setup_lab(w.svc)
     sid = w.submit()["slurm_job_id"]
     w.tick()
@@ -114,14 +113,28 @@ def test_a_job_slurm_ran_again_unseen_is_settled_run_by_run_and_not_run_a_third_
     w.tick()
     assert w.slurm.start(sid)
     w.advance(100)
-    assert w.slurm.reclaim(sid)
-    assert w.slurm.start(sid, node="spot2")
+    end_first_run(sid)
+    assert w.slurm.start(sid, node=second_node)
     w.advance(40)
     assert w.slurm.finish(sid)
     w.slurm.down = False
     for _ in range(3):
         w.advance(30)
         w.tick()
+    return sid
+
+
+def test_a_job_slurm_ran_again_unseen_is_settled_run_by_run_and_not_run_a_third_time(db_url: str) -> None:
+    """Started, reclaimed, requeued, run again and completed, all while the controller did not
+    answer gbroker: each run is its own attempt and is charged; the job is done, not resubmitted."""
+    from broker.db.models import Attempt, Job
+
+    w = World(db_url)
+
+    def reclaim(sid: int) -> None:
+        assert w.slurm.reclaim(sid)
+
+    sid = _ran_twice_unseen(w, reclaim, second_node="spot2")
     with w.svc.sessions() as s:
         job = s.execute(select(Job)).scalar_one()
         attempts = s.execute(select(Attempt).order_by(Attempt.number)).scalars().all()
@@ -144,23 +157,13 @@ def test_runs_slurm_made_unseen_past_the_continuation_limit_are_settled_and_do_n
 
     monkeypatch.setattr(lifecycle, "MAX_CONTINUATIONS", 0)
     w = World(db_url)
-    setup_lab(w.svc)
-    sid = w.submit()["slurm_job_id"]
-    w.tick()
-    w.slurm.down = True
-    w.tick()
-    assert w.slurm.start(sid)
-    w.advance(100)
-    w.slurm.down = False  # the program asks to go on (scontrol requeue from inside the job); gbroker does not tick
-    w.slurm.requeue([sid])
-    w.slurm.down = True
-    assert w.slurm.start(sid)
-    w.advance(40)
-    assert w.slurm.finish(sid)
-    w.slurm.down = False
-    for _ in range(3):
-        w.advance(30)
-        w.tick()
+
+    def requeue_itself(sid: int) -> None:
+        w.slurm.down = False  # scontrol requeue from inside the job reaches Slurm; gbroker does not tick
+        w.slurm.requeue([sid])
+        w.slurm.down = True
+
+    sid = _ran_twice_unseen(w, requeue_itself)
     with w.svc.sessions() as s:
         job = s.execute(select(Job)).scalar_one()
         attempts = s.execute(select(Attempt).order_by(Attempt.number)).scalars().all()
