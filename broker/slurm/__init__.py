@@ -40,15 +40,17 @@ def make_backend(prefer: str = "auto", *, runner: Runner | None = None, submit_w
             hint=f"choose one of: auto, {', '.join(BACKEND_NAMES)}",
         )
     if prefer in ("auto", "pyslurm"):
-        from broker.slurm.pyslurm_backend import PyslurmBackend, pyslurm_usable
+        from broker.slurm.pyslurm_backend import PyslurmBackend, pyslurm_check
 
-        if pyslurm_usable():
-            return PyslurmBackend(runner, submit_with=submit_with)
+        usable, version = pyslurm_check()
+        if usable:
+            return PyslurmBackend(runner, submit_with=submit_with, sinfo_version=version)
         if prefer == "pyslurm":
             raise ConfigError(
                 "the pyslurm backend is not usable here",
                 hint="install the pyslurm release that matches your Slurm, or use backend 'cli'",
             )
+        return CliBackend(runner, submit_with=submit_with, sinfo_version=version)
     return CliBackend(runner, submit_with=submit_with)
 
 

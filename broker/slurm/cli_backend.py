@@ -73,8 +73,11 @@ class CliBackend(Backend):
         query_timeout_s: float = 30.0,
         submit_timeout_s: float = 60.0,
         submit_with: str = "sbatch",
+        sinfo_version: str | None = None,
     ) -> None:
         self.runner: RunFn = runner if runner is not None else Runner()
+        self._sinfo_version = sinfo_version
+        """What ``sinfo --version`` printed, when the caller already asked."""
         self._environ = environ
         self.query_timeout_s = query_timeout_s
         self.submit_timeout_s = submit_timeout_s
@@ -83,6 +86,8 @@ class CliBackend(Backend):
 
     def _running_version(self) -> str:
         """What ``sinfo --version`` says (the release of the cluster's commands), or ''."""
+        if self._sinfo_version is not None:
+            return self._sinfo_version
         try:
             return self.runner.run(["sinfo", "--version"], timeout_s=self.query_timeout_s, env=self.query_env()).stdout
         except BrokerError:

@@ -39,15 +39,14 @@ def _major(text: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def slurm_major_version() -> str | None:
-    """``"22.05"`` from ``sinfo --version`` (no controller needed), or None."""
+def sinfo_version() -> str:
+    """What ``sinfo --version`` prints (no controller needed), or '' when it cannot run."""
     try:
-        out = subprocess.run(
+        return subprocess.run(
             ["sinfo", "--version"], capture_output=True, text=True, timeout=10, check=False
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return _major(out)
+        return ""
 
 
 def _import_pyslurm() -> Any | None:
@@ -75,19 +74,28 @@ def pyslurm_slurm_major(mod: Any) -> str | None:
     return _major(str(getattr(mod, "__version__", "")))
 
 
-def pyslurm_usable() -> bool:
-    """True when pyslurm imports and was built for the Slurm release that runs here."""
+def pyslurm_check() -> tuple[bool, str | None]:
+    """(whether pyslurm imports and was built for the Slurm release that runs
+    here, what ``sinfo --version`` printed). The version is None when pyslurm
+    does not import (then it is not asked); ``make_backend`` hands it on so
+    that one start runs ``sinfo --version`` once."""
     mod = _import_pyslurm()
     if mod is None:
-        return False
+        return False, None
     built_for = pyslurm_slurm_major(mod)
-    running = slurm_major_version()
+    text = sinfo_version()
+    running = _major(text)
     if built_for is None or running is None or built_for != running:
         log.info(
             "pyslurm built for Slurm %s but Slurm %s runs here; using the CLI", built_for, running
         )
-        return False
-    return True
+        return False, text
+    return True, text
+
+
+def pyslurm_usable() -> bool:
+    """True when pyslurm imports and was built for the Slurm release that runs here."""
+    return pyslurm_check()[0]
 
 
 def _utc(value: Any) -> datetime | None:

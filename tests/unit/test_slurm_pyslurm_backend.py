@@ -83,7 +83,7 @@ def fake_pyslurm(slurm_version: tuple[int, int, int]) -> types.ModuleType:
 def with_pyslurm(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     def install(built_for: tuple[int, int, int], running: str | None) -> None:
         monkeypatch.setitem(sys.modules, "pyslurm", fake_pyslurm(built_for))
-        monkeypatch.setattr(pb, "slurm_major_version", lambda: running)
+        monkeypatch.setattr(pb, "sinfo_version", lambda: f"slurm {running}.1\n" if running else "")
 
     FAKE_LOG.clear()
     return install
@@ -146,3 +146,22 @@ def test_array_tasks_are_cancelled_by_their_own_job_ids(with_pyslurm) -> None:  
     backend.cancel_tasks([(19, 2), (19, 5)])  # task 5 is not in the queue (it ended)
     backend.cancel_tasks([])
     assert FAKE_LOG == ["cancel 21"]
+
+
+def test_a_start_that_may_submit_through_libslurm_asks_sinfo_for_its_version_once(with_pyslurm, monkeypatch):  # type: ignore[no-untyped-def]
+    from broker.slurm.runner import CallCounter, CompletedRun
+
+    asked: list[str] = []
+    with_pyslurm((99, 11, 0), "99.11")
+    monkeypatch.setattr(pb, "sinfo_version", lambda: asked.append("subprocess") or "slurm 99.11.0\n")
+
+    class Counting:
+        counter = CallCounter()
+
+        def run(self, argv, **kw):  # type: ignore[no-untyped-def]
+            asked.append(" ".join(argv))
+            return CompletedRun(argv=argv, stdout="slurm 99.11.0\n", stderr="", returncode=0, elapsed_s=0.0)
+
+    backend = make_backend(runner=Counting(), submit_with="auto")  # no module built for 99.11: sbatch
+    assert backend.name == "pyslurm" and backend.native is None
+    assert asked.count("subprocess") + asked.count("sinfo --version") == 1, asked
