@@ -11,6 +11,7 @@ budget in the current semester has no money limit (quotas still apply).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -67,8 +68,15 @@ def admit(
             f"user {caller.name} is not a member of group {group.name} (Slurm account {group.slurm_account})",
             hint=f"submit with your own group, or ask a lab admin: gbroker group members {group.name} --add {caller.name}",
         )
-    _check_quota(session, group, spec, capacity)
-    _check_limits(session, settings, group, spec, capacity, partition)
+    flight: list[B.InFlight] = []  # asked once, and only when some quota needs it
+
+    def in_flight() -> B.InFlight:
+        if not flight:
+            flight.append(B.in_flight(session, group.slurm_account))
+        return flight[0]
+
+    _check_quota(session, group, spec, capacity, in_flight)
+    _check_limits(session, settings, group, spec, capacity, partition, in_flight)
 
     semester = B.semester_at(session, now)
     budget = B.budget_of(session, group.id, semester.id) if semester is not None else None
@@ -122,11 +130,13 @@ def _refusal_hint(status: B.BudgetStatus, capacity: str, estimates: dict[str, in
     )
 
 
-def _check_quota(session: Session, group: Any, spec: JobSpec, capacity: str) -> None:
+def _check_quota(
+    session: Session, group: Any, spec: JobSpec, capacity: str, in_flight: Callable[[], B.InFlight]
+) -> None:
     quota = B.quota_of(session, group.id)
     if quota is None:
         return
-    total, ondemand = B.gpus_in_flight(session, group.slurm_account)
+    total, ondemand = in_flight().total, in_flight().ondemand
     if quota.max_gpus is not None and total + spec.gpus > quota.max_gpus:
         raise AdmissionRefused(
             f"group {group.name}: quota is {quota.max_gpus} GPUs at once; {total} are queued or running "
@@ -143,14 +153,17 @@ def _check_quota(session: Session, group: Any, spec: JobSpec, capacity: str) -> 
         )
 
 
-def _check_limits(session: Session, settings: Any, group: Any, spec: JobSpec, capacity: str, partition: str) -> None:
+def _check_limits(
+    session: Session, settings: Any, group: Any, spec: JobSpec, capacity: str, partition: str,
+    in_flight: Callable[[], B.InFlight],
+) -> None:
     """The group's limits per capacity class and per GPU type, on the pool the policy chose."""
     limits = B.quota_limits(session, group.id)
     if not limits:
         return
     pool = settings.pool_of(partition)
     wanted = [("class", capacity)] + ([("gpu", pool.gpu_type)] if pool is not None and pool.gpu_type else [])
-    in_use = B.gpus_in_flight_by(session, group.slurm_account, settings)
+    in_use = in_flight().by(settings)
     for key in wanted:
         limit = limits.get(key)
         if limit is None or in_use.get(key, 0) + spec.gpus <= limit:

@@ -164,9 +164,9 @@ def charged_by_job(s: Session, job_ids: list[int]) -> dict[int, int]:
     return {int(j): int(t or 0) for j, t in rows if j is not None}
 
 
-def _holdings_queries() -> tuple[Any, Any]:
-    """(the plain rule added up, the jobs that go on) over an account's jobs whose reservation
-    still counts (not yet fully charged); the account is the ``account`` parameter.
+def _holdings_query() -> Any:
+    """What an account's jobs whose reservation still counts (not yet fully charged) hold: the
+    plain rule added up, and the jobs that go on; the account is the ``account`` parameter.
 
     Plain rule: what each holds is reserved minus charged so far, never below zero. The jobs
     that were reclaimed or failed and go on hold at least one more attempt: they are read."""
@@ -181,12 +181,15 @@ def _holdings_queries() -> tuple[Any, Any]:
                   (func.coalesce(Job.reserved_micros, 0) - charged).label("left"), goes_on.label("goes_on")
                   ).where(*unreleased).subquery()
     held = case((rows.c.left > 0, rows.c.left), else_=0)
-    return (select(func.coalesce(func.sum(held), 0)).where(~rows.c.goes_on),
-            select(rows.c.partition, rows.c.capacity, rows.c.spec_json, held).where(rows.c.goes_on))
+    # One query: the group with no key is the plain rule, added up; each job that goes on is a group
+    # of its own (its id), read with what prices its next attempt.
+    key = case((rows.c.goes_on, rows.c.id), else_=None)
+    return select(key, func.max(rows.c.partition), func.max(rows.c.capacity), func.max(rows.c.spec_json),
+                  func.coalesce(func.sum(held), 0)).group_by(key)
 
 
-_HOLDINGS = _holdings_queries()
-"""Made once: admission asks at every submission, and building them costs more than running them."""
+_HOLDINGS = _holdings_query()
+"""Made once: admission asks at every submission, and building it costs more than running it."""
 
 
 def reserved_micros(s: Session, account: str, book: PriceBook, settings: Settings, now: datetime) -> int:
@@ -195,9 +198,11 @@ def reserved_micros(s: Session, account: str, book: PriceBook, settings: Setting
     The database adds up the plain rule over all of them; only the jobs that go on after
     a reclaim or a failure (few) are read, to price their next attempt. Admission asks
     at every submission, so this must not read every queued job."""
-    plain, going_on = _HOLDINGS
-    total = int(s.execute(plain, {"account": account}).scalar_one())
-    for partition, capacity, text, kept in s.execute(going_on, {"account": account}):
+    total = 0
+    for key, partition, capacity, text, kept in s.execute(_HOLDINGS, {"account": account}):
+        if key is None:  # the plain rule, over all the others
+            total += int(kept)
+            continue
         again = attempt_estimate(book, partition or settings.partition_for(capacity.value), capacity.value,
                                  _size_of(text), now)
         total += max(int(kept), again) if again is not None else int(kept)
@@ -297,45 +302,63 @@ def budget_status(
     )
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """GPUs of an account's queued and running jobs, one row per (capacity, partition, moving).
+
+    ``moving``: gbroker is requeueing the job from spot onto on-demand (its attempt is ``moving``)."""
+
+    rows: tuple[tuple[Any, str | None, bool, int], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(gpus for *_, gpus in self.rows)
+
+    @property
+    def ondemand(self) -> int:
+        """A job being moved to on-demand counts as on-demand already: the quota is checked once,
+        when the move is decided, and two moves must not both fit into the same room."""
+        return sum(gpus for capacity, _, moving, gpus in self.rows if capacity.value == "ondemand" or moving)
+
+    def by(self, settings: Settings) -> dict[tuple[str, str], int]:
+        """Per ('class', class) and per ('gpu', type): a job counts where it is placed now (a job being
+        moved counts where it goes); its GPU type is its pool's."""
+        out: dict[tuple[str, str], int] = {}
+        for capacity, partition, _, gpus in self.rows:
+            out[("class", capacity.value)] = out.get(("class", capacity.value), 0) + gpus
+            pool = settings.pool_of(partition or "")
+            if pool is not None and pool.gpu_type:
+                out[("gpu", pool.gpu_type)] = out.get(("gpu", pool.gpu_type), 0) + gpus
+        return out
+
+
+def in_flight(s: Session, account: str) -> InFlight:
+    """The account's GPUs in flight, added up by the database in one query (plus one for any row
+    stored without its GPU count, by an older gbroker: those count what their spec says)."""
+    summed, unsized = _IN_FLIGHT
+    rows = [(c, p, bool(m), int(g)) for c, p, m, g in s.execute(summed, {"account": account})]
+    for c, p, m, text in s.execute(unsized, {"account": account}):
+        rows.append((c, p, bool(m), _size_of(text).gpus))
+    return InFlight(tuple(rows))
+
+
 def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
-    """(all, on-demand) GPUs of the account's jobs that are queued or running.
-
-    A job still running on spot that gbroker is requeueing onto on-demand
-    (its attempt is ``moving``) counts as on-demand already: the quota is checked once, when the move is
-    decided, and two moves must not both fit into the same room."""
-    total = ondemand = 0
-    for capacity, is_moving, gpus in _in_flight(s, account, "capacity, moving"):
-        total += gpus
-        if capacity.value == "ondemand" or is_moving:
-            ondemand += gpus
-    return total, ondemand
+    """(all, on-demand) GPUs of the account's jobs that are queued or running (see ``InFlight``)."""
+    flight = in_flight(s, account)
+    return flight.total, flight.ondemand
 
 
-def _in_flight(s: Session, account: str, by: str) -> list[tuple[Any, ...]]:
-    """GPUs of the account's queued and running jobs, added up by the database per value of
-    the columns ``_IN_FLIGHT[by]`` names.
-
-    (A row stored without its GPU count, by an older gbroker, counts what its spec says.)"""
-    summed, unsized = _IN_FLIGHT[by]
-    rows = [(*r[:-1], int(r[-1])) for r in s.execute(summed, {"account": account})]
-    for row in s.execute(unsized, {"account": account}):
-        rows.append((*row[:-1], _size_of(row[-1]).gpus))
-    return rows
-
-
-def _in_flight_queries(*by: Any) -> tuple[Any, Any]:
+def _in_flight_queries() -> tuple[Any, Any]:
     # Named as the states it takes (not "not ended"), so the (group_name, state) index finds them.
     live = [Job.group_name == bindparam("account"), Job.state.in_(sorted(set(JobState) - TERMINAL))]
+    moving = exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING).label("moving")
+    by = (Job.capacity, Job.partition, moving)
     return (select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by),
             select(*by, Job.spec_json).where(*live, Job.gpus.is_(None)))
 
 
-_IN_FLIGHT = {
-    "capacity, moving": _in_flight_queries(
-        Job.capacity,
-        exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING).label("moving")),
-    "capacity, partition": _in_flight_queries(Job.capacity, Job.partition),
-}
+_IN_FLIGHT = _in_flight_queries()
+"""Made once: admission asks at every submission."""
 
 
 def quota_limits(s: Session, group_id: int) -> dict[tuple[str, str], int]:
@@ -348,17 +371,9 @@ _QUOTA_LIMITS = select(QuotaLimit).where(QuotaLimit.group_id == bindparam("group
 
 
 def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tuple[str, str], int]:
-    """GPUs of the account's queued and running jobs, per ('class', class) and per ('gpu', type).
-
-    A job counts where it is placed now (a job being moved counts where it goes);
-    its GPU type is its pool's."""
-    out: dict[tuple[str, str], int] = {}
-    for capacity, partition, gpus in _in_flight(s, account, "capacity, partition"):
-        out[("class", capacity.value)] = out.get(("class", capacity.value), 0) + gpus
-        pool = settings.pool_of(partition or "")
-        if pool is not None and pool.gpu_type:
-            out[("gpu", pool.gpu_type)] = out.get(("gpu", pool.gpu_type), 0) + gpus
-    return out
+    """GPUs of the account's queued and running jobs, per ('class', class) and per ('gpu', type)
+    (see ``InFlight.by``)."""
+    return in_flight(s, account).by(settings)
 
 
 def ondemand_quota_full(s: Session, account: str, gpus: int) -> str | None:

@@ -277,9 +277,9 @@ def quota_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list
     out = []
     for g in B.visible_groups(s, caller):
         item = _group_dict(s, g)
-        item["in_use_gpus"], item["in_use_ondemand_gpus"] = B.gpus_in_flight(s, g.slurm_account)
-        item["in_use_by"] = {f"{k}:{n}": v for (k, n), v in
-                             sorted(B.gpus_in_flight_by(s, g.slurm_account, svc.settings).items())}
+        flight = B.in_flight(s, g.slurm_account)
+        item["in_use_gpus"], item["in_use_ondemand_gpus"] = flight.total, flight.ondemand
+        item["in_use_by"] = {f"{k}:{n}": v for (k, n), v in sorted(flight.by(svc.settings).items())}
         out.append(item)
     return out
 

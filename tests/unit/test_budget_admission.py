@@ -358,6 +358,24 @@ def test_admission_under_postgres_too(db_url: str) -> None:
         w.submit()
 
 
+def test_a_reclaimed_job_that_goes_on_holds_its_next_attempt_beside_the_others_reservations(db_url: str) -> None:
+    w = World(db_url)
+    setup_lab(w.svc, vision_budget="100")
+    a = w.submit(gpus=1, time="1h")["slurm_job_id"]
+    held_a = w.status()["reserved_micros"]
+    w.submit(gpus=2, time="1h")
+    held_b = w.status()["reserved_micros"] - held_a
+    assert held_b == 2 * held_a > 0
+    w.tick()
+    w.slurm.start(a)
+    w.advance(600)
+    assert w.slurm.reclaim(a)
+    w.tick()  # ten minutes charged; going on, it holds one more whole attempt, not what was left
+    st = w.status()
+    assert st["spent_micros"] == 600_000
+    assert st["reserved_micros"] == held_a + held_b
+
+
 def test_reports_by_every_key_add_up(world: World, tmp_path: Path) -> None:
     ids = [world.submit(user=u, group=g, gpus=n, time="1h")["slurm_job_id"]
            for u, g, n in (("alice", "vision", 1), ("bob", "vision", 2), ("carol", "climate", 4))]
