@@ -290,8 +290,10 @@ def render_batch_script(
         f"trap 'forward {sig} \"{TRAP_LABELS.get(sig, 'time-limit warning')}\"' {sig}"
         for sig in sorted(traps, key=lambda x: (x == "TERM", x))
     )
-    runner = (RUNNER.replace("__COMMAND__", command_line).replace("__TRAPS__", trap_lines)
+    # The user's command goes in last, so no placeholder inside it is ever replaced.
+    runner = (RUNNER.replace("__TRAPS__", trap_lines)
               .replace("__RESUME__", str(RESUME_EXIT)).replace("__TIMED_OUT__", str(TIMED_OUT_EXIT))
               .replace("__STOPPED__", STOPPED_MARKER)
-              .replace("__FINISHED__", FINISHED_MARKER))
+              .replace("__FINISHED__", FINISHED_MARKER)
+              .replace("__COMMAND__", command_line))
     return HEADER + "\n".join(lines) + "\n" + runner

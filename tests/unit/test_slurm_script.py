@@ -73,6 +73,12 @@ def test_user_script_text_never_appears_in_clear() -> None:
     assert "SBATCH" not in text and "rm -rf" not in text and "EOF" not in text
 
 
+def test_a_command_naming_the_scripts_placeholders_runs_as_written() -> None:
+    argv = ["echo", "__TRAPS__", "__RESUME__", "__STOPPED__", "__FINISHED__", "__TIMED_OUT__"]
+    text = render_batch_script(job_id="j1", attempt=0, checkpoint_dir="/ck", command=argv)
+    assert "setsid echo __TRAPS__ __RESUME__ __STOPPED__ __FINISHED__ __TIMED_OUT__ &\n" in text
+
+
 def test_user_script_text_runs_with_its_own_status_and_is_cleaned_up(tmp_path: Path) -> None:
     batch = tmp_path / "batch.sh"
     batch.write_text(
