@@ -141,11 +141,13 @@ def reconcile_arrays(svc: Services, queue: list[SlurmJob], now: datetime, listed
 
     Returns the Slurm actions to take after the commit (``broker.jobs.reconcile`` takes them)."""
     tasks: dict[int, list[SlurmJob]] = {}
-    by_name: dict[str, int] = {}
+    by_name: dict[str, list[int]] = {}
     for j in queue:
         if j.array_job_id is not None and (j.array_task is not None or j.array_tasks is not None):
             tasks.setdefault(j.array_job_id, []).append(j)
-            by_name.setdefault(j.name, j.array_job_id)
+            ids = by_name.setdefault(j.name, [])  # anyone may name an array gb-...: every one is kept
+            if j.array_job_id not in ids:
+                ids.append(j.array_job_id)
     plan = ArrayPlan()
     need: dict[int, list[int]] = {}
     """array job id -> Slurm array ids whose tasks must be read from accounting."""
@@ -357,7 +359,7 @@ def _chunks(rows: list[tuple[int, int, int, int]]) -> list[list[tuple[int, int, 
 
 
 def _follow(
-    s: Session, svc: Services, todo: list[_Todo], tasks: dict[int, list[SlurmJob]], by_name: dict[str, int],
+    s: Session, svc: Services, todo: list[_Todo], tasks: dict[int, list[SlurmJob]], by_name: dict[str, list[int]],
     now: datetime,
 ) -> _Followed:
     """Follow the queue for these arrays together, then move each array's own state.
@@ -377,9 +379,10 @@ def _follow(
         in_slurm = True
         for b in batches:
             if b.slurm_array_id is None:
-                found = by_name.get(batch_name(job.key, b.number))
-                if found is not None and any(is_ours(job.key, job.owner_name, name=t.name, comment=t.comment,
-                                                     user=t.user) for t in tasks.get(found, [])):
+                found = next((a for a in by_name.get(batch_name(job.key, b.number), [])
+                              if any(is_ours(job.key, job.owner_name, name=t.name, comment=t.comment, user=t.user)
+                                     for t in tasks.get(a, []))), None)
+                if found is not None:
                     b.slurm_array_id, b.submitted_at = found, b.submitted_at or now
                     store.add_event(s, "adopted", f"found Slurm job array {found} by key after a restart",
                                     now=now, job_id=job.id)

@@ -149,7 +149,9 @@ def reconcile(svc: Services) -> None:
     tasks = [j for j in queue if j.array_task is not None or j.array_tasks is not None]
     queue = [j for j in queue if j.array_task is None and j.array_tasks is None]  # tasks are the arrays' own
     by_id = {j.job_id: j for j in queue}
-    by_name = {j.name: j for j in queue}
+    by_name: dict[str, list[SlurmJob]] = {}
+    for j in queue:
+        by_name.setdefault(j.name, []).append(j)  # anyone may name a job gb-...: every one is kept
     plan = TickPlan()
 
     need_history: dict[int, tuple[Job, Attempt]] = {}
@@ -194,13 +196,14 @@ def reconcile(svc: Services) -> None:
             with _isolated(s, svc, job, now):
                 _settle(s, svc, job, att, _ours(job, by_job.get(slurm_id, [])), by_id.get(slurm_id), now, plan,
                         saves.get(job.id))
-        names = {r.name: r for r in rows}
+        names: dict[str, list[SacctRow]] = {}
+        for r in rows:
+            names.setdefault(r.name, []).append(r)
         for job0, att0 in unconfirmed:
             job, att = must_get(s, Job, job0.id), must_get(s, Attempt, att0.id)
             with _isolated(s, svc, job, now):
-                row = names.get(slurm_name(job.key, att.number))
-                if row is not None and is_ours(job.key, job.owner_name, name=row.name, comment=row.comment,
-                                               user=row.user):
+                row = next(iter(_ours(job, names.get(slurm_name(job.key, att.number), []))), None)
+                if row is not None:
                     att.slurm_job_id = row.job_id
                     store.add_event(s, "adopted", f"found Slurm job {row.job_id} by key after a restart",
                                     now=now, job_id=job.id)
@@ -215,17 +218,21 @@ def reconcile(svc: Services) -> None:
 
 
 def _look(
-    s: Session, svc: Services, job: Job, att: Attempt, by_id: dict[int, SlurmJob], by_name: dict[str, SlurmJob],
+    s: Session, svc: Services, job: Job, att: Attempt, by_id: dict[int, SlurmJob],
+    by_name: dict[str, list[SlurmJob]],
     now: datetime, plan: TickPlan, need_history: dict[int, tuple[Job, Attempt]],
     unconfirmed: list[tuple[Job, Attempt]],
 ) -> None:
     """Compare one active job's latest attempt with the queue listing."""
     if att.slurm_job_id is None:
-        found = by_name.get(slurm_name(job.key, att.number))
-        if found is not None and _verify(s, job, att, found, now):
+        # Only a job that is this one's (owner and key) is adopted; another user's job of the
+        # same name is not this job's, and is no reason to fail it.
+        found = next((j for j in by_name.get(slurm_name(job.key, att.number), [])
+                      if is_ours(job.key, job.owner_name, name=j.name, comment=j.comment, user=j.user)), None)
+        if found is not None:
             _adopt(s, job, att, found, now)
             _follow(s, svc, job, att, found, now, plan, need_history)
-        elif found is None:
+        else:
             if att.number == 1 and att.submitted_at is None and chain_blocks(s, svc, job, now) is not None:
                 return  # a chain: waits for the jobs named in `after` (or was just cancelled with them)
             unconfirmed.append((job, att))

@@ -384,3 +384,27 @@ def test_an_array_submitted_before_a_crash_is_adopted_by_its_key_not_submitted_a
     shown = show_job(w.svc, ROOT, 1)
     assert shown["pieces"]["line"] == "0/3 done, 3 pending"
     assert any(e["kind"] == "adopted" for e in shown["events"])
+
+
+def test_an_array_is_adopted_by_its_key_even_when_another_users_array_of_that_name_is_listed_first(
+        world: World) -> None:
+    import dataclasses
+
+    from ledger_fakes import Crash
+
+    w = world
+    w.crash.armed.add("after_sbatch")
+    with pytest.raises(Crash):
+        submit_array(w, pieces="1-3")
+    (ours,) = w.slurm.arrays
+    # bob submits an array under the same name (anyone may pass --job-name); squeue lists it first.
+    planted = w.slurm.submit(dataclasses.replace(w.slurm.requests[0], user="bob"))
+    first = {k: v for k, v in w.slurm.jobs_by_id.items() if w.slurm.task_of.get(k, (0,))[0] == planted}
+    w.slurm.jobs_by_id = {**first, **{k: v for k, v in w.slurm.jobs_by_id.items() if k not in first}}
+    w.restart()
+    w.svc.backend = w.slurm
+    w.tick()
+    w.tick()
+    assert w.slurm.calls["sbatch"] == 2, "submitted a second time"
+    (batch,) = show_job(w.svc, ROOT, 1)["array"]["batches"]
+    assert batch["slurm_array_id"] == ours

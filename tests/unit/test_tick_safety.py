@@ -21,7 +21,7 @@ from broker.caller import Caller
 from broker.db.store import IdempotencyConflict
 from broker.errors import AdmissionRefused, SpecError
 from broker.jobs.handlers import cancel_jobs, list_jobs, show_job
-from ledger_fakes import ROOT, World, caller, job_spec, setup_lab
+from ledger_fakes import ROOT, FakeJob, FakeRun, World, caller, job_spec, setup_lab
 
 
 @pytest.fixture
@@ -64,6 +64,50 @@ def test_an_id_slurm_shows_as_someone_elses_is_never_touched(world: World) -> No
     cancel_jobs(world.svc, caller("alice"), [out["id"]])
     assert world.slurm.calls.get("scancel", 0) == before.get("scancel", 0)
     assert not world.slurm.jobs_by_id[sid].done
+
+
+def _planted(world: World, name: str, user: str = "bob") -> FakeJob:
+    """A job another user submitted under a name of gbroker's (anyone may pass --job-name)."""
+    world.slurm.next_id += 1
+    fake = FakeJob(world.slurm.next_id, name, name, user, "", "spot", 1, 600,
+                   runs=[FakeRun(submit=world.clock.now())], held=True)
+    world.slurm.jobs_by_id[fake.job_id] = fake
+    return fake
+
+
+def test_another_users_job_named_like_an_unsubmitted_attempt_neither_fails_it_nor_is_adopted(world: World) -> None:
+    from broker.jobs.submit import slurm_name
+
+    world.slurm.down = True
+    out = world.submit(user="alice")
+    assert out["slurm_job_id"] is None
+    key = show_job(world.svc, ROOT, out["id"])["key"]
+    planted = _planted(world, slurm_name(key, 1))
+    world.slurm.down = False
+    world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert shown["state"] not in ("failed", "cancelled"), shown["reason"]
+    sid = shown["attempts"][0]["slurm_job_id"]
+    assert sid is not None and sid != planted.job_id
+    assert world.slurm.jobs_by_id[sid].user == "alice" and not planted.done
+
+
+def test_the_owners_job_is_adopted_when_another_users_job_has_the_same_name(world: World) -> None:
+    from broker.db.models import Attempt
+    from broker.jobs.submit import slurm_name
+
+    out = world.submit(user="alice")
+    sid = out["slurm_job_id"]
+    key = show_job(world.svc, ROOT, out["id"])["key"]
+    with world.svc.tx() as s:  # as after a crash between sbatch and the commit of its id
+        s.query(Attempt).filter(Attempt.slurm_job_id == sid).update({"slurm_job_id": None})
+    _planted(world, slurm_name(key, 1))  # listed after alice's own
+    sbatches = world.slurm.calls.get("sbatch", 0)
+    world.tick()
+    shown = show_job(world.svc, ROOT, out["id"])
+    assert shown["state"] not in ("failed", "cancelled"), shown["reason"]
+    assert [a["slurm_job_id"] for a in shown["attempts"]] == [sid]
+    assert world.slurm.calls.get("sbatch", 0) == sbatches, "submitted a second time"
 
 
 def test_cancel_verifies_ids_before_root_cancels_them(world: World) -> None:
