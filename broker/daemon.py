@@ -102,6 +102,8 @@ class Daemon:
             # waiting for the lease (--wait) answers /readyz with "not ready" meanwhile.
             web = Dashboard(self.services, self.handlers,
                             lambda uid: caller_for_uid(uid, self.settings.admin_group))
+            if self.settings.web.trust_proxy_header:
+                web.proxy_secret()  # a missing or unsafe secret file stops the start, with what to do
             self.ops = OpsListener(self.services, self.stats, metrics.host, metrics.port, web=web)
             self.ops.start()
         self.services.migrate()

@@ -77,7 +77,11 @@ class MetricsSettings:
 class WebSettings:
     trust_proxy_header: str = ""
     """A reverse proxy's header naming the signed-in user ('' = off: the dashboard asks for a token).
-    Whoever reaches the listener can send it: only set it when the proxy is the only way in."""
+    Honoured only on a request that also carries the proxy's secret (``proxy_secret_file``): any
+    local user can reach a loopback listener."""
+    proxy_secret_file: str = ""
+    """A file only root can read holding the secret the proxy sends in ``X-Gbroker-Proxy-Secret``;
+    read by the daemon at start. Required with ``trust_proxy_header``."""
 
 
 @dataclass(frozen=True)
@@ -174,15 +178,28 @@ def parse_web(value: Any, source: str) -> WebSettings:
     where = f"{source}: [web]"
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a table", hint='e.g. [web] trust_proxy_header = "X-Forwarded-User"')
-    _unknown(value, ("trust_proxy_header",), where)
+    _unknown(value, ("trust_proxy_header", "proxy_secret_file"), where)
     header = _string(value.get("trust_proxy_header", ""), f"{where} trust_proxy_header")
+    secret = _string(value.get("proxy_secret_file", ""), f"{where} proxy_secret_file")
     if header and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
         raise ConfigError(f"{where}: trust_proxy_header = {header!r} is not a header name",
                           hint='e.g. trust_proxy_header = "X-Forwarded-User", or "" to turn it off')
     if header.lower() in ("cookie", "host", "origin", "content-type", "content-length"):
         raise ConfigError(f"{where}: trust_proxy_header = {header!r} is a header browsers send themselves",
                           hint='use the proxy\'s own header, e.g. "X-Forwarded-User"')
-    return WebSettings(trust_proxy_header=header)
+    make = ("create it readable by root alone: umask 077; head -c 32 /dev/urandom | base64 > "
+            "/etc/gbroker/proxy-secret; have the proxy send its content as X-Gbroker-Proxy-Secret")
+    if header and not secret:
+        raise ConfigError(f"{where}: trust_proxy_header needs proxy_secret_file: without it any local user "
+                          "can send the header to the listener and be whoever it names",
+                          hint=f'set proxy_secret_file = "/etc/gbroker/proxy-secret" and {make}')
+    if secret and not header:
+        raise ConfigError(f"{where}: proxy_secret_file is set but trust_proxy_header is not, so it would do nothing",
+                          hint='set trust_proxy_header (e.g. "X-Forwarded-User"), or remove proxy_secret_file')
+    if secret and not secret.startswith("/"):
+        raise ConfigError(f"{where}: proxy_secret_file = {secret!r} is not an absolute path",
+                          hint='e.g. proxy_secret_file = "/etc/gbroker/proxy-secret"')
+    return WebSettings(trust_proxy_header=header, proxy_secret_file=secret)
 
 
 def parse_notify(value: Any, source: str) -> NotifySettings:

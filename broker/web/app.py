@@ -10,8 +10,11 @@ one, or a filter a user may not use, is refused with what to do.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import pwd
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -19,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from broker.caller import Caller, Handler
-from broker.errors import BrokerError, NotFound, PermissionDenied
+from broker.errors import BrokerError, ConfigError, NotFound, PermissionDenied
 from broker.state import Services
 from broker.states import JobState
 from broker.web import auth, pages
@@ -32,6 +35,9 @@ MAX_FORM = 4096
 MAX_LIST = 1000
 """Jobs one page shows at most (the newest that match its filters; each summary costs about 1 ms)."""
 JOB_FILTERS = ("user", "group", "state", "pool")
+PROXY_SECRET_HEADER = "X-Gbroker-Proxy-Secret"
+"""Sent by the reverse proxy with the user's name; a request naming a user without it is refused."""
+MIN_SECRET = 16
 PAGES = ("/", "/login", "/logout", "/jobs", "/spend", "/nodes", "/admin/tokens")
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -85,8 +91,34 @@ class Dashboard:
         self.ops = ops
         self.caller_of = caller_of
         """uid -> Caller, as the socket server makes it (admin from the admin group)."""
+        self._secret: tuple[str, bytes] | None = None
 
     # -- who -----------------------------------------------------------------------------------
+    def proxy_secret(self) -> bytes:
+        """The proxy's secret, read once from ``[web] proxy_secret_file`` (a path the admin
+        chose; the daemon calls this at start, so a missing or readable-by-others file stops it)."""
+        path = self.svc.settings.web.proxy_secret_file
+        if self._secret is not None and self._secret[0] == path:
+            return self._secret[1]
+        hint = "create it readable by root alone (umask 077; head -c 32 /dev/urandom | base64 > FILE)"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ConfigError(f"[web] proxy_secret_file {path}: {exc.strerror}", hint=hint) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ConfigError(f"[web] proxy_secret_file {path} is not a file only the daemon's user can read "
+                                  f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                                  hint=f"chown root {path}; chmod 600 {path}")
+            secret = os.read(fd, 4096).strip()
+        finally:
+            os.close(fd)
+        if len(secret) < MIN_SECRET:
+            raise ConfigError(f"[web] proxy_secret_file {path} holds under {MIN_SECRET} characters", hint=hint)
+        self._secret = (path, secret)
+        return secret
+
     def _proxy_caller(self, headers: Mapping[str, str]) -> Caller | None:
         name_header = self.svc.settings.web.trust_proxy_header
         if not name_header:
@@ -94,6 +126,10 @@ class Dashboard:
         name = headers.get(name_header)
         if not name:
             return None
+        sent = headers.get(PROXY_SECRET_HEADER) or ""
+        if not hmac.compare_digest(sent.strip().encode(), self.proxy_secret()):
+            raise PermissionDenied(f"this request names a user in {name_header} without the proxy's secret",
+                                   hint="sign in with a gbroker token; only the reverse proxy may name users")
         try:
             uid = pwd.getpwnam(name.strip()).pw_uid
         except (KeyError, ValueError):

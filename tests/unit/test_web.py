@@ -221,29 +221,57 @@ def test_the_database_filters_so_an_old_match_is_found_past_the_pages_cap(world:
             ops["list"](ROOT, {"all_users": True, **bad})
 
 
-def test_proxy_header_is_ignored_unless_configured(world: World) -> None:
+def test_proxy_header_is_ignored_unless_configured_and_needs_the_proxys_secret(world: World, tmp_path: Path) -> None:
+    import os
+    import pwd
+
+    from broker.web.app import PROXY_SECRET_HEADER
+
     jobs_of(world)
     d = dashboard(world)
     forged = {"X-Forwarded-User": "root"}
     assert d.get("/jobs", forged).status == 303  # off by default: a header is not a sign-in
-    world.svc.settings = replace(world.svc.settings, web=WebSettings(trust_proxy_header="X-Forwarded-User"))
-    # The proxy's user must be a real account on this host; root always is.
-    import pwd
-
-    me = pwd.getpwuid(0).pw_name
+    secret = tmp_path / "proxy-secret"
+    secret.write_text("s3cret-only-the-proxy-knows\n")
+    secret.chmod(0o600)
+    world.svc.settings = replace(world.svc.settings, web=WebSettings(trust_proxy_header="X-Forwarded-User",
+                                                                     proxy_secret_file=str(secret)))
+    me = pwd.getpwuid(0).pw_name  # the proxy's user must be a real account on this host; root always is
     d.caller_of = lambda uid: ROOT if uid == 0 else USERS[uid]
-    r = d.get("/jobs", {"X-Forwarded-User": me})
+    # Any local user can reach the listener: the name alone, or with a wrong secret, is refused.
+    for sent in ({}, {PROXY_SECRET_HEADER: "guess"}, {PROXY_SECRET_HEADER: "s3cret-only-the-proxy-know"}):
+        r = d.get("/jobs", {"X-Forwarded-User": me, **sent})
+        assert r.status == 403 and "without the proxy" in body(r) and "bob-secret" not in body(r)
+    proxied = {PROXY_SECRET_HEADER: "s3cret-only-the-proxy-knows"}
+    r = d.get("/jobs", {"X-Forwarded-User": me, **proxied})
     assert r.status == 200 and "bob-secret" in body(r)
-    nobody = d.get("/jobs", {"X-Forwarded-User": "no-such-user-here"})
+    nobody = d.get("/jobs", {"X-Forwarded-User": "no-such-user-here", **proxied})
     assert nobody.status == 403 and "no account here" in body(nobody)
+    # A secret others may read, or a link to one, stops the daemon's start (it reads the file there).
+    for bad, words in (("mode", "only the daemon's user can read"), ("link", "proxy_secret_file"),
+                       ("short", "under 16 characters")):
+        f = tmp_path / f"secret-{bad}"
+        if bad == "link":
+            os.symlink(secret, f)
+        else:
+            f.write_text("short" if bad == "short" else "long-enough-secret-but-readable")
+            f.chmod(0o644 if bad == "mode" else 0o600)
+        world.svc.settings = replace(world.svc.settings, web=WebSettings(trust_proxy_header="X-Forwarded-User",
+                                                                         proxy_secret_file=str(f)))
+        with pytest.raises(ConfigError, match=words):
+            dashboard(world).proxy_secret()
 
 
 def test_web_settings_are_checked(tmp_path: Path) -> None:
     f = tmp_path / "g.toml"
-    f.write_text('[web]\ntrust_proxy_header = "X-Forwarded-User"\n')
-    assert load_settings(str(f)).web.trust_proxy_header == "X-Forwarded-User"
+    f.write_text('[web]\ntrust_proxy_header = "X-Forwarded-User"\nproxy_secret_file = "/etc/gbroker/proxy-secret"\n')
+    web = load_settings(str(f)).web
+    assert (web.trust_proxy_header, web.proxy_secret_file) == ("X-Forwarded-User", "/etc/gbroker/proxy-secret")
     for bad, words in (('trust_proxy_header = "X Bad"', "not a header name"),
                        ('trust_proxy_header = "Cookie"', "browsers send themselves"),
+                       ('trust_proxy_header = "X-Forwarded-User"', "needs proxy_secret_file"),
+                       ('proxy_secret_file = "/etc/gbroker/proxy-secret"', "would do nothing"),
+                       ('trust_proxy_header = "X-User"\nproxy_secret_file = "secret"', "not an absolute path"),
                        ('proxy = "x"', "unknown key")):
         f.write_text(f"[web]\n{bad}\n")
         with pytest.raises(ConfigError, match=words):
