@@ -28,19 +28,51 @@ from broker.web.app import SECURITY_HEADERS, Dashboard, Response, serves
 log = logging.getLogger(__name__)
 
 
+MAX_CONNECTIONS = 32
+"""Connections served at once; more are answered 503 at once, so idle ones cannot pile up
+threads and file descriptors in the daemon (any local user can connect)."""
+REQUEST_TIMEOUT_S = 10.0
+"""A connection that sends nothing (or a body slower than this between bytes) is closed."""
+_BUSY_TEXT = b"too many connections at once: try again\n"
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class OpsListener:
     def __init__(self, svc: Services, stats: DaemonStats, host: str, port: int,
-                 web: Dashboard | None = None) -> None:
+                 web: Dashboard | None = None, *, max_connections: int = MAX_CONNECTIONS,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.svc = svc
         self.stats = stats
         self.web = web
         self.registry = registry(svc, stats)
-        handler = _handler(self)
+        handler = _handler(self, request_timeout_s)
         server_cls: Any = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
         try:
             self.server: _Server = server_cls((host, port), handler)
@@ -48,6 +80,7 @@ class OpsListener:
             shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise ConfigError(f"cannot listen on {shown} for metrics: {exc.strerror or exc}",
                               hint="another program has the port: pick another [metrics] listen, or stop it") from None
+        self.server.slots = threading.BoundedSemaphore(max_connections)
         self.thread: threading.Thread | None = None
 
     @property
@@ -70,10 +103,11 @@ class OpsListener:
         self.server.server_close()
 
 
-def _handler(app: OpsListener) -> type[BaseHTTPRequestHandler]:
+def _handler(app: OpsListener, timeout_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gbroker"
         sys_version = ""
+        timeout = timeout_s  # the socket's: a silent client is dropped, never waited for
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]
@@ -106,7 +140,11 @@ def _handler(app: OpsListener) -> type[BaseHTTPRequestHandler]:
                 if not length.isdigit() or int(length) > 65536:
                     self._send(413, b"the form is too large\n", "text/plain; charset=utf-8")
                     return
-                body = self.rfile.read(int(length))
+                try:
+                    body = self.rfile.read(int(length))
+                except TimeoutError:
+                    self.close_connection = True
+                    return
                 self._web(lambda web: web.post(path, self.headers, body))
                 return
             self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")

@@ -487,6 +487,33 @@ def test_journald_lines_carry_the_syslog_priority() -> None:
     assert not plain.format(rec).startswith("<")
 
 
+def test_idle_connections_cannot_pile_up_in_the_listener(world: World) -> None:
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    from broker.ops.listener import OpsListener
+
+    ops = OpsListener(world.svc, DaemonStats(), "127.0.0.1", 0, max_connections=2, request_timeout_s=0.5)
+    ops.start()
+    base = f"http://127.0.0.1:{ops.address[1]}"
+    idle = [socket.create_connection(ops.address, timeout=5) for _ in range(2)]  # connect, send nothing
+    try:
+        time.sleep(0.1)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "/healthz", timeout=5)
+        assert e.value.code == 503 and b"too many connections" in e.value.read()
+        # A silent connection is dropped after the request timeout, and its slot serves again.
+        assert all(c.recv(1) == b"" for c in idle)
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
+            assert (r.status, r.read()) == (200, b"ok\n")
+    finally:
+        for c in idle:
+            c.close()
+        ops.stop()
+
+
 def test_the_listener_serves_three_read_only_pages_and_says_when_its_port_is_taken(world: World) -> None:
     import urllib.error
     import urllib.request
