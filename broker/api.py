@@ -43,7 +43,7 @@ from typing import Any
 
 from broker import http_wire
 from broker.caller import Caller, Handler
-from broker.errors import BrokerError
+from broker.errors import BrokerError, PermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,14 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def caller_from_ids(pid: int, uid: int, gid: int, admin_group: str) -> Caller:
+    """The caller the kernel names. A uid the host has no account for is refused: jobs run as
+    the account's name, and a made-up one (``str(uid)``) could be another account's."""
     try:
         name = pwd.getpwuid(uid).pw_name
     except KeyError:
-        name = str(uid)
+        raise PermissionDenied(f"uid {uid} has no account on this host (no passwd entry)",
+                               hint="gbroker serves the users this host knows: run it as your own account, "
+                                    "not from a user namespace or a container's uid") from None
     is_admin = uid == 0
     if not is_admin:
         try:
@@ -402,8 +406,8 @@ class ApiServer:
             return op, _error(
                 BrokerError(f"unknown operation {op[:64]!r}", hint="client and daemon versions may differ")
             )
-        caller = caller_from_ids(pid, uid, gid, self.admin_group)
         try:
+            caller = caller_from_ids(pid, uid, gid, self.admin_group)
             return op, {"ok": True, "result": handler(caller, args)}
         except BrokerError as exc:
             return op, _error(exc)

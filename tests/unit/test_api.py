@@ -60,6 +60,26 @@ def test_another_user_is_seen_as_that_user(server):
     assert r.returncode != 0 and "admins" in r.stderr
 
 
+def test_a_uid_the_host_has_no_account_for_is_refused(server):
+    uid = next(u for u in range(54321, 60000) if not _has_account(u))
+    code = (
+        f"import sys, json; sys.path.insert(0, {os.getcwd()!r}); from broker.client import call; "
+        f"print(json.dumps(call({server.path!r}, 'whoami')))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], user=uid, group=uid, extra_groups=[], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and f"uid {uid} has no account on this host" in r.stderr, r.stderr
+    assert str(uid) not in r.stdout
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
 def test_errors_keep_message_hint_and_code(server):
     with pytest.raises(RemoteError) as err:
         call(server.path, "boom")
