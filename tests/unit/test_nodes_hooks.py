@@ -70,3 +70,18 @@ def test_the_cli_imports_no_orm() -> None:
     code = ("import sys, broker.cli.node, broker.nodes.providers.hooks; "
             "assert 'sqlalchemy' not in sys.modules and 'boto3' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("bad", ["--config=/tmp/evil", "-x", "spot1;reboot", "a b", "spot\n1", ".hidden", "x" * 65])
+def test_a_name_that_is_not_a_node_never_reaches_a_providers_command(bad: str) -> None:
+    from broker.nodes.providers.base import ProviderConfigError
+    from broker.nodes.providers.hooks import expand_hostlists
+
+    with pytest.raises(ProviderConfigError, match="is not a node name"):
+        expand_hostlists(["spot1", bad])
+
+
+def test_node_names_and_hostlists_expand() -> None:
+    from broker.nodes.providers.hooks import expand_hostlists
+
+    assert expand_hostlists(["spot[1-2]", "gpu-a.1_x", "spot1"]) == ["spot1", "spot2", "gpu-a.1_x"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ def new_key() -> str:
     return uuid.uuid4().hex
 
 
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A node name as it may reach a provider's command line (never an option such as --x=y)."""
 MAX_NODES_PER_CALL = 10_000
 """Nodes one hook call or request may name; checked before any hostlist is expanded."""
 
@@ -71,6 +74,12 @@ def expand_hostlists(args: Iterable[str], limit: int = MAX_NODES_PER_CALL) -> li
             raise ProviderConfigError(
                 f"cannot read hostlist {arg!r}: {exc}", hint="pass node names or a Slurm hostlist such as spot[1-4]"
             ) from None
+    for name in names:
+        if not NODE_NAME.fullmatch(name):
+            raise ProviderConfigError(
+                f"{name[:80]!r} is not a node name",
+                hint="node names are up to 64 letters, digits, '.', '_' and '-', starting with a letter or digit "
+                     "(they are passed to the site's resume and suspend commands)")
     return list(dict.fromkeys(names))
 
 
