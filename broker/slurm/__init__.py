@@ -42,7 +42,7 @@ def make_backend(prefer: str = "auto", *, runner: Runner | None = None, submit_w
     if prefer in ("auto", "pyslurm"):
         from broker.slurm.pyslurm_backend import PyslurmBackend, pyslurm_check
 
-        usable, version = pyslurm_check()
+        usable, version = pyslurm_check(runner)
         if usable:
             return PyslurmBackend(runner, submit_with=submit_with, sinfo_version=version)
         if prefer == "pyslurm":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-import subprocess
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +26,7 @@ from broker.slurm import hostlist, statemap
 from broker.slurm.backend import NodeInfo, SlurmJob
 from broker.slurm.cli_backend import CliBackend
 from broker.slurm.parse import array_fields, parse_gres_gpus
-from broker.slurm.runner import is_unavailable
+from broker.slurm.runner import Runner, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +38,12 @@ def _major(text: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def sinfo_version() -> str:
-    """What ``sinfo --version`` prints (no controller needed), or '' when it cannot run."""
+def sinfo_version(runner: Runner | None = None) -> str:
+    """What ``sinfo --version`` prints (no controller needed), or '' when it cannot run; through
+    the Slurm runner like every Slurm command (its bin directory, a clean environment)."""
     try:
-        return subprocess.run(
-            ["sinfo", "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        return (runner or Runner()).run(["sinfo", "--version"], timeout_s=10).stdout
+    except (SlurmError, OSError):
         return ""
 
 
@@ -74,7 +72,7 @@ def pyslurm_slurm_major(mod: Any) -> str | None:
     return _major(str(getattr(mod, "__version__", "")))
 
 
-def pyslurm_check() -> tuple[bool, str | None]:
+def pyslurm_check(runner: Runner | None = None) -> tuple[bool, str | None]:
     """(whether pyslurm imports and was built for the Slurm release that runs
     here, what ``sinfo --version`` printed). The version is None when pyslurm
     does not import (then it is not asked); ``make_backend`` hands it on so
@@ -83,7 +81,7 @@ def pyslurm_check() -> tuple[bool, str | None]:
     if mod is None:
         return False, None
     built_for = pyslurm_slurm_major(mod)
-    text = sinfo_version()
+    text = sinfo_version(runner)
     running = _major(text)
     if built_for is None or running is None or built_for != running:
         log.info(
