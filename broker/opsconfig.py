@@ -13,6 +13,7 @@ only: the CLI loads it with the settings.
 
     [web]
     trust_proxy_header = ""         # e.g. "X-Forwarded-User": the proxy names the user (off: sign in by token)
+    proxy_secret_file = ""          # required with it: root-only file; the proxy sends it as X-Gbroker-Proxy-Secret
 
     [notify]
     tick_seconds = 10               # how often the outbox is delivered
