@@ -90,7 +90,14 @@ def parse_pieces(text: str, chunk: int = 1) -> Pieces:
         if (hi - lo) // step + 1 + len(found) > MAX_PIECES:
             raise PiecesError(f"more than {MAX_PIECES} pieces; split the work into several arrays")
         found.update(range(lo, hi + 1, step))
-    return Pieces(tuple(sorted(found)), limit, chunk)
+    indices = tuple(sorted(found))
+    if chunk > 1 and len({b - a for a, b in zip(indices, indices[1:], strict=False)}) > 1:
+        # A chunk's task runs first..last by the array's one step: across a gap it would run
+        # indices nobody asked for.
+        raise PiecesError(f"{text!r}: chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
+                          f"\"1-400:5\"); these have gaps of different sizes: leave chunk out, or submit one "
+                          "array per range")
+    return Pieces(indices, limit, chunk)
 
 
 def compress(indices: Iterable[int]) -> str:

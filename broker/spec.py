@@ -627,6 +627,10 @@ class _Parser:
             if value is not None:
                 raise self.fail("pieces", "give pieces or a sweep, not both (a sweep has a piece per line)",
                                 hint="leave pieces out: the sweep's lines are pieces 1-N")
+            if data.get("chunk", 1) != 1:
+                raise self.fail("chunk", "a sweep runs one piece per line: its lines cannot be chunked "
+                                "(a chunk's task would get its first line's arguments only)",
+                                hint="leave chunk out, or put what one task should run on one sweep line")
             return f"1-{len(sweep)}" if len(sweep) > 1 else "1"
         if value is None:
             if data.get("chunk", 1) != 1:

@@ -51,6 +51,15 @@ def test_pieces_refuse_what_is_not_an_array(text: str) -> None:
         parse_pieces(text)
 
 
+def test_a_chunk_never_runs_an_index_that_was_not_asked_for() -> None:
+    for text, chunk in (("1-400:5", 3), ("1-10", 4), ("2,4,6,8", 2), ("1,5,9-12", 1)):
+        p = parse_pieces(text, chunk)
+        for first, last in p.chunks():
+            assert set(range(first, last + 1, p.step)) == set(p.members(first)), (text, chunk, first, last)
+    with pytest.raises(PiecesError, match="evenly spaced"):
+        parse_pieces("1-10,15-24", 4)
+
+
 def test_chunks_cut_the_indices_in_order_and_keep_the_step() -> None:
     p = parse_pieces("1-10", chunk=4)
     assert p.chunks() == [(1, 4), (5, 8), (9, 10)] and p.members(5) == (5, 6, 7, 8) and p.step == 1
@@ -104,6 +113,8 @@ def test_a_sweep_file_is_read_on_the_cli_side_and_sent_as_lines(tmp_path: Any) -
     ({"sweep": []}, "sweep: must be a file path or a non-empty list"),
     ({"after": ["x"]}, "after: 'x' is not a job number"),
     ({"after": 0}, "after: 0 is not a job number"),
+    ({"sweep": ["--x 1", "--x 2", "--x 3"], "chunk": 2}, "chunk: a sweep runs one piece per line"),
+    ({"pieces": "1-10,15-24", "chunk": 4}, "chunk 4 needs evenly spaced pieces"),
 ])
 def test_array_fields_are_checked_with_a_message(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError) as exc:
