@@ -5,17 +5,30 @@ Never float. Prices are micro-units per GPU-hour; durations are whole seconds.
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_HALF_EVEN, Decimal
 
 MICROS_PER_UNIT = 1_000_000
 SECONDS_PER_HOUR = 3600
 
 
+_AMOUNT = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+(?:_\d+)*)(?:\.\d+)?")
+"""'12000', '412.30', '$1,200.50', '-5', '12_000': commas only between groups of three digits,
+'.' the only decimal mark, '$' only before the digits."""
+
+
 def parse_money(text: str | int | Decimal) -> int:
-    """'12000', '412.30', '$1,200.50' -> micro-units. Raises ValueError."""
+    """'12000', '412.30', '$1,200.50' -> micro-units. Raises ValueError (a decimal comma, '1,5',
+    is refused, never read as 15)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not an amount of money: {text!r}")
     if isinstance(text, int):
         return text * MICROS_PER_UNIT
-    s = str(text).strip().replace("$", "").replace(",", "").replace("_", "")
+    raw = str(text).strip()
+    if not isinstance(text, Decimal) and not _AMOUNT.fullmatch(raw):
+        hint = " (write the decimal point as '.', e.g. 1.50)" if re.fullmatch(r"-?\$?\d+,\d{1,2}", raw) else ""
+        raise ValueError(f"not an amount of money: {text!r}{hint}")
+    s = raw.replace("$", "").replace(",", "").replace("_", "")
     try:
         d = Decimal(s)
     except Exception as exc:  # decimal.InvalidOperation

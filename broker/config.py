@@ -308,7 +308,8 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
 
                 if isinstance(price, (float, bool)):
                     raise ValueError('write price_per_node_hour as a string, e.g. "2.40" (money is exact)')
-                parse_money(str(price))  # exact or refused, never a float
+                if parse_money(str(price)) < 0:  # exact or refused, never a float
+                    raise ValueError(f"price_per_node_hour must not be negative, got {price!r}")
                 price = str(price)
             capacity = table.get("capacity")
             if capacity is not None and capacity not in CLASSES:

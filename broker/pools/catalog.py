@@ -144,7 +144,8 @@ def _money(value: Any, key: str) -> str | None:
         raise ValueError(f'write {key} as a string, e.g. "2.40" (money is exact)')
     from broker.amount import parse_money
 
-    parse_money(str(value))
+    if parse_money(str(value)) < 0:
+        raise ValueError(f"{key} must not be negative, got {value!r}")
     return str(value)
 
 

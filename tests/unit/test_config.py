@@ -18,7 +18,12 @@ def test_file_then_env_then_flags(tmp_path):
 @pytest.mark.parametrize(
     "text,fragment",
     [("polcy = 'x'\n", "unknown setting 'polcy'"), ("tick_seconds = 'fast'\n", "tick_seconds"),
-     ("[partitions]\nreserved = 'x'\n", "unknown capacity"), ("policy = [\n", "cannot read")],
+     ("[partitions]\nreserved = 'x'\n", "unknown capacity"), ("policy = [\n", "cannot read"),
+     ("[pools.b]\npartition = 'spotb'\ncapacity = 'spot'\ngpu_type = 'a100'\ngpu_mem_gb = 80\n"
+      "price_per_gpu_hour = '-1.10'\n", "must not be negative"),
+     ("[pools.b]\npartition = 'spotb'\ncapacity = 'spot'\ngpu_type = 'a100'\ngpu_mem_gb = 80\n"
+      "price_per_gpu_hour = '1,10'\n", "decimal point"),
+     ("[nodes.spot]\nprice_per_node_hour = '-2.40'\n", "must not be negative")],
 )
 def test_bad_config_says_what_is_wrong(tmp_path, text, fragment):
     f = tmp_path / "g.toml"

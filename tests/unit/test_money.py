@@ -8,16 +8,22 @@ from broker.amount import cost_micros, format_money, parse_money
 @pytest.mark.parametrize(
     "text,micros",
     [("12000", 12_000_000_000), ("412.30", 412_300_000), ("$1,200.50", 1_200_500_000), (3, 3_000_000),
-     (Decimal("0.000001"), 1), ("-5", -5_000_000)],
+     (Decimal("0.000001"), 1), ("-5", -5_000_000), ("12_000", 12_000_000_000), ("1,234,567.5", 1_234_567_500_000)],
 )
 def test_parse_money(text, micros):
     assert parse_money(text) == micros
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "1.0000001", "nan", "inf", "1e400000"])
+@pytest.mark.parametrize("bad", ["", "abc", "1.0000001", "nan", "inf", "1e400000", "1,5", "12.000,50", "1$2",
+                                 "1,20", "+5", True, "1e3", "1 000"])
 def test_parse_money_refuses(bad):
     with pytest.raises(ValueError):
         parse_money(bad)
+
+
+def test_a_decimal_comma_is_refused_with_what_to_write():
+    with pytest.raises(ValueError, match=r"write the decimal point as '\.', e\.g\. 1\.50"):
+        parse_money("1,5")
 
 
 def test_cost_is_exact_and_rounds_half_even_once():
