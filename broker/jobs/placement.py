@@ -47,6 +47,11 @@ def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
         if pool is None:
             capacity_of_partition(svc.settings, spec.partition)  # raises the message
             raise AssertionError("unreachable")
+        if pool.capacity == "spot" and not spec.interruptible:
+            raise SpecError(f"partition {spec.partition} is spot capacity, which may be reclaimed at any time, "
+                            "but the job says interruptible = false",
+                            hint="drop partition to let gbroker place it, name an owned, reserved or on-demand "
+                                 "partition, or set interruptible = true; nothing was stored")
         pools = [pool]
     else:
         pools = list(catalog.pools)

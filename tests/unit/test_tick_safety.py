@@ -138,6 +138,13 @@ def test_a_retried_submission_returns_the_first_job(world: World) -> None:
         submit(world.svc, caller("alice"), spec, "gb-$(id)")
 
 
+def test_a_job_that_may_not_be_interrupted_is_not_forced_onto_spot(world: World) -> None:
+    with pytest.raises(SpecError, match="partition spot is spot capacity.*interruptible = false"):
+        world.submit(user="alice", interruptible=False, partition="spot")
+    assert list_jobs(world.svc, ROOT, {"all_users": True}) == [] and world.slurm.calls.get("sbatch", 0) == 0
+    assert world.submit(user="alice", interruptible=False, partition="ondemand")["slurm_job_id"] is not None
+
+
 def test_a_refused_submission_leaves_no_row_and_no_log(world: World) -> None:
     world.ops()["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": "0.01"})
     with pytest.raises(AdmissionRefused):
