@@ -977,6 +977,15 @@ class _Parser:
         if not isinstance(style, str) or style not in CHECKPOINT_STYLES:
             raise self.fail("checkpoint.style", f"unknown style {style!r}; valid: {', '.join(CHECKPOINT_STYLES)}")
         ckpt_dir = None if value.get("dir") is None else self.path("checkpoint.dir", value["dir"])
+        if ckpt_dir is not None and self.now is not None:  # a new request (a stored one is read as it was)
+            if "style" not in value:
+                raise self.fail("checkpoint.style", "a checkpoint dir needs a style",
+                                hint='add style = "signal" (the program saves when it gets SIGUSR1), "pieces" '
+                                     '(independent pieces such as frames) or "none"; on the command line '
+                                     "--checkpoint-dir alone means signal")
+            if style == "none":
+                raise self.fail("checkpoint.dir", "is never used with style 'none'",
+                                hint='drop dir, or choose style "signal" or "pieces"')
         if style == "signal" and ckpt_dir is None:
             raise self.fail("checkpoint.dir", "required when checkpoint.style is 'signal'",
                             hint="name the directory the program saves its state in")

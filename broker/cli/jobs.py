@@ -47,8 +47,14 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         if value is None:
             continue
         if key in ("checkpoint_dir", "checkpoint_style"):
-            section = dict(data.get("checkpoint") or {})
-            section["dir" if key == "checkpoint_dir" else "style"] = value
+            section = data.get("checkpoint") or {}
+            section = {"style": section} if isinstance(section, str) else dict(section)
+            if key == "checkpoint_dir":
+                section["dir"] = os.path.abspath(os.path.expanduser(value))  # a flag: from where you are
+                if "style" not in section and not flags.get("checkpoint_style"):
+                    section["style"] = "signal"  # --checkpoint-dir alone: the program saves on SIGUSR1
+            else:
+                section["style"] = value
             data["checkpoint"] = section
         elif key == "gpu":
             if value:  # --gpu a100,h100 and/or --gpu a100 --gpu h100
@@ -83,9 +89,7 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         )
     ck = data.get("checkpoint")
     if isinstance(ck, dict) and isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
-        ck["dir"] = os.path.join(base, ck["dir"])
-    if ck and isinstance(ck, dict) and ck.get("dir") and "style" not in ck:
-        ck["style"] = "signal"
+        ck["dir"] = os.path.join(base, ck["dir"])  # the job file's own value: from the job file's folder
     if not job_file and "script" not in data and "sweep" not in data:
         if "name" not in data:  # named here as the parser would: the log this client makes carries it
             from broker.jobname import DEFAULT_KIND, default_name
@@ -119,7 +123,8 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
     default=None,
     help="May run on spot and be reclaimed [default: interruptible].",
 )
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), help="Where the job saves checkpoints.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Where the job saves checkpoints (alone: --checkpoint-style signal, saves on SIGUSR1).")
 @click.option(
     "--checkpoint-style",
     type=click.Choice(CHECKPOINT_STYLES),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -462,6 +463,8 @@ def test_valid_specs_survive_the_round_trip(data: dict[str, Any], deadline_extra
     ck = data.get("checkpoint")
     if ck and ck["style"] == "signal":
         ck["dir"] = "/scratch/ckpt"
+    if ck and ck["style"] == "none":
+        ck.pop("dir", None)  # a dir with style none is refused (test_a_checkpoint_dir_needs_a_style_that_uses_it)
     limit = int(data["time_limit"][:-1])
     data["deadline"] = (NOW + timedelta(seconds=limit + deadline_extra_s)).isoformat()
     spec = parse(data)
@@ -537,3 +540,15 @@ def test_a_submit_of_flags_loads_no_parser_and_one_with_a_job_file_does(tmp_path
                              cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
         assert out.stdout.strip() == loaded, out.stdout + out.stderr
         assert "daemon is not running" in out.stderr and "Nothing was submitted" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("checkpoint", "words"), [
+    ({"dir": "/scratch/ck"}, "checkpoint.style: a checkpoint dir needs a style"),
+    ({"style": "none", "dir": "/scratch/ck"}, "checkpoint.dir: is never used with style 'none'"),
+])
+def test_a_checkpoint_dir_needs_a_style_that_uses_it(checkpoint: dict[str, Any], words: str) -> None:
+    data = {"group": "vision", "time_limit": "1h", "command": ["true"], "checkpoint": checkpoint}
+    with pytest.raises(SpecError, match=re.escape(words)):
+        parse(data)
+    # A spec stored before this rule is read back as it was.
+    assert spec_from_dict(data).checkpoint_dir == "/scratch/ck"

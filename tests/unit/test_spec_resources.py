@@ -488,3 +488,28 @@ def test_submit_help_documents_every_resource_flag() -> None:
                  "--mem-per-gpu SIZE", "--mem SIZE", "#SBATCH lines"):
         assert flag in out, out
 
+
+
+def test_checkpoint_flags_merge_with_a_job_file_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.cli.jobs import build_spec
+    from broker.errors import SpecError
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    job = sub / "job.toml"
+    # A flag's relative directory is from where you are; the file's own, from the job file's folder.
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\ncheckpoint = "pieces"\n')
+    wire = build_spec(str(job), {"checkpoint_dir": "ck"}, ())
+    assert wire["checkpoint"] == {"style": "pieces", "dir": str(here / "ck")}
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\n'
+                   '[checkpoint]\nstyle = "signal"\ndir = "ck"\n')
+    assert build_spec(str(job), {}, ())["checkpoint"]["dir"] == str(sub / "ck")
+    # --checkpoint-dir alone means signal; a dir in the file needs its style written out.
+    assert build_spec(None, _flags(checkpoint_dir="ck"), ("true",))["checkpoint"] == {
+        "style": "signal", "dir": str(here / "ck")}
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\n[checkpoint]\ndir = "/scratch/ck"\n')
+    with pytest.raises(SpecError, match="a checkpoint dir needs a style"):
+        build_spec(str(job), {}, ())
