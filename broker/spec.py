@@ -52,6 +52,8 @@ DEFAULT_MAX_GPUS_PER_NODE = 8
 DEFAULT_MAX_NODES = 16
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_SIGNAL_LEAD_S = 120
+WARNING_MARGIN_S = 60
+"""Slurm may send the warning up to a minute early: a lead that leaves less of the run is not given."""
 MAX_RETRIES_LIMIT = 100
 MAX_SIGNAL_LEAD_S = 3600
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
@@ -303,10 +305,13 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "checkpoint": {"style": spec.checkpoint_style},
         "env": dict(spec.env),
         "max_retries": spec.max_retries,
-        "signal_lead_s": spec.signal_lead_s,
     }
-    if spec.warning_signal is not None:
-        out["warning_signal"] = spec.warning_signal
+    # The warning as written: what the parser would not have chosen by itself (so a job that left
+    # them to their defaults is not read as one that asked for them).
+    if spec.warning_signal != ("USR1" if spec.checkpoint_style == "signal" else None):
+        out["warning_signal"] = spec.warning_signal or "none"
+    if spec.warning_signal is not None and spec.signal_lead_s != min(DEFAULT_SIGNAL_LEAD_S, spec.time_limit_s // 2):
+        out["signal_lead_s"] = spec.signal_lead_s
     if spec.tasks_per_node != 1:
         out["tasks_per_node"] = spec.tasks_per_node
     if spec.checkpoint_dir is not None:
@@ -547,6 +552,8 @@ class _Parser:
                             "the limit", fallback=DEFAULT_MAX_RETRIES)
         signal_lead_s = check(self.signal_lead, data, time_limit_s, fallback=DEFAULT_SIGNAL_LEAD_S)
         warning_signal = check(self.warning_signal, data, style, fallback=None)
+        if self.now is not None:  # a new request: what it wrote must take effect (a stored one is read as it was)
+            check(self.warning_takes_effect, data, warning_signal, signal_lead_s, time_limit_s, fallback=None)
         one: int | str = 1
         tasks_per_node = check(self.tasks_per_node, data, fallback=one)
         no_types: tuple[str, ...] = ()
@@ -862,6 +869,22 @@ class _Parser:
             raise self.fail("signal_lead_s", f"{lead}s is not shorter than the time limit ({time_limit_s}s)",
                             hint="the warning signal must come before the job ends; lower signal_lead_s")
         return lead
+
+    def warning_takes_effect(self, data: Mapping[str, Any], warning: str | None, lead: int,
+                             time_limit_s: int | None) -> None:
+        """A lead written with no warning, or a warning asked for that Slurm cannot give safely, is refused."""
+        if warning is None:
+            if data.get("signal_lead_s") is not None:
+                raise self.fail("signal_lead_s", "there is no warning signal for it to lead",
+                                hint='set warning_signal (e.g. "USR1") or checkpoint.style = "signal", '
+                                     "or leave signal_lead_s out")
+            return
+        asked = data.get("signal_lead_s") is not None or data.get("warning_signal") is not None
+        if asked and time_limit_s is not None and time_limit_s - lead < WARNING_MARGIN_S:
+            raise self.fail("signal_lead_s", f"the warning would come {time_limit_s - lead}s after the start "
+                            f"(time limit {time_limit_s}s, lead {lead}s); Slurm may send it up to "
+                            f"{WARNING_MARGIN_S}s early, before the job can catch it",
+                            hint=f"lower signal_lead_s or raise time_limit to at least {lead + WARNING_MARGIN_S}s")
 
     def warning_signal(self, data: Mapping[str, Any], style: str) -> str | None:
         value = data.get("warning_signal")

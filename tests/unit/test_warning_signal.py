@@ -30,15 +30,26 @@ def test_long_job_gets_the_warning_it_asked_for() -> None:
 
 
 def test_short_job_gets_no_warning_that_could_come_at_its_start() -> None:
-    # 1 minute, lead 30 s: Slurm may send it up to 60 s early, i.e. at once.
-    sp = spec("1m", warning_signal="USR1")
+    # 1 minute, the default lead of half of it: Slurm may send it up to 60 s early, i.e. at once.
+    sp = spec("1m", checkpoint={"style": "signal", "dir": "/ck"})
     assert sp.signal_lead_s == 30 and warning_lead_s(sp) is None
     req = request(sp)
     assert req.signal is None
     assert "GBROKER_WARNING_SECONDS" not in req.script
     # Exactly a minute between the lead and the limit is enough.
     assert warning_lead_s(spec("3m", signal_lead_s=120, warning_signal="USR1")) == 120
-    assert warning_lead_s(spec("3m", signal_lead_s=121, warning_signal="USR1")) is None
+
+
+def test_a_warning_written_out_that_cannot_be_given_is_refused_not_dropped() -> None:
+    import pytest
+
+    from broker.errors import SpecError
+
+    for extra in ({"warning_signal": "USR1"}, {"signal_lead_s": 121, "warning_signal": "USR2"}):
+        with pytest.raises(SpecError, match="Slurm may send it up to 60s early"):
+            spec("1m" if "signal_lead_s" not in extra else "3m", **extra)
+    with pytest.raises(SpecError, match="signal_lead_s: there is no warning signal for it to lead"):
+        spec("1h", signal_lead_s=900)
 
 
 def test_only_a_job_that_asks_gets_a_warning() -> None:
