@@ -155,7 +155,10 @@ def quota_set(ctx: Context, group_name: str, gpus: str | None, ondemand_gpus: st
             if not sep or not name:
                 raise SpecError(f"{flag}: expected NAME=N or NAME=none, got {item!r}", hint=f"e.g. {flag} spot=16"
                                 if kind == "class" else f"e.g. {flag} a100=8")
-            limits[f"{kind}:{name.strip().lower()}"] = _count(value.strip(), flag)
+            key = f"{kind}:{name.strip().lower()}"
+            if key in limits:
+                raise SpecError(f"{flag} {name.strip()} is given twice", hint="give each limit once")
+            limits[key] = _count(value.strip(), flag)
     if limits:
         args["limits"] = limits
     if not args:

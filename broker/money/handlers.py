@@ -229,7 +229,8 @@ def quota_set(
     class or GPU type (None removes that limit)."""
     g = B.group_named(s, group)
     if limits is not _KEEP:
-        _set_limits(s, g.id, limits, now)
+        types = {p.gpu_type for p in svc.settings.catalog().pools if p.gpu_type}
+        _set_limits(s, g.id, limits, now, types)
     quota = s.get(Quota, g.id)
     if quota is None:
         quota = Quota(group_id=g.id, max_gpus=None, max_ondemand_gpus=None, updated_at=now)
@@ -248,7 +249,7 @@ def quota_set(
 LIMIT_KINDS = {"class": "--class-gpus", "gpu": "--type-gpus"}
 
 
-def _set_limits(s: Session, group_id: int, limits: Any, now: datetime) -> None:
+def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types: set[str]) -> None:
     from broker.db.ledger_models import QuotaLimit
     from broker.pools import CLASSES
 
@@ -261,6 +262,14 @@ def _set_limits(s: Session, group_id: int, limits: Any, now: datetime) -> None:
         if kind == "class" and name not in CLASSES:
             raise SpecError(f"{LIMIT_KINDS[kind]} {name}: not a capacity class; the classes are {', '.join(CLASSES)}")
         name = _name(name, LIMIT_KINDS[kind])
+        if kind == "gpu":
+            # As the catalog spells it: admission compares the pool's type exactly.
+            spelled = {t.lower(): t for t in gpu_types}
+            if name.lower() not in spelled:
+                raise SpecError(f"{LIMIT_KINDS[kind]} {name}: no pool has that GPU type",
+                                hint=("the pools' types are " + ", ".join(sorted(gpu_types))) if gpu_types
+                                else "no pool declares a gpu_type ([pools.NAME] gpu_type in the settings)")
+            name = spelled[name.lower()]
         count = _opt_int(value, LIMIT_KINDS[kind])
         row = s.get(QuotaLimit, (group_id, kind, name))
         if count is None:

@@ -490,6 +490,12 @@ def test_quota_set_on_the_command_line_sets_the_class_and_type_limits(
 
     from broker.cli import main as cli_main
 
+    from dataclasses import replace
+
+    from broker.pools.catalog import Pool
+
+    world.svc.settings = replace(world.svc.settings, pools=(
+        Pool("spot", "spot", "spot", gpu_type="A100"), Pool("ondemand", "ondemand", "ondemand", gpu_type="A100")))
     ops = world.ops()
 
     def call(self: Any, op: str, *, repeatable: bool = False, **args: Any) -> Any:
@@ -502,9 +508,10 @@ def test_quota_set_on_the_command_line_sets_the_class_and_type_limits(
 
     r = cli("--class-gpus", "spot=4", "--type-gpus", "A100=2", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)[0]["limits"] == {"class:spot": 4, "gpu:a100": 2}
+    assert json.loads(r.output)[0]["limits"] == {"class:spot": 4, "gpu:A100": 2}  # as the catalog spells it
     r = cli("--class-gpus", "spot=none")
-    assert r.exit_code == 0 and "a100=2" in r.output and "spot=" not in r.output, r.output
-    for bad in (["--class-gpus", "spot"], ["--class-gpus", "gold=3"], ["--type-gpus", "a100=-1"]):
+    assert r.exit_code == 0 and "A100=2" in r.output and "spot=" not in r.output, r.output
+    for bad in (["--class-gpus", "spot"], ["--class-gpus", "gold=3"], ["--type-gpus", "a100=-1"],
+                ["--type-gpus", "a10o=8"], ["--class-gpus", "spot=12", "--class-gpus", "spot=4"]):
         r = cli(*bad)
         assert r.exit_code == 2 and "gbroker: error:" in r.output and bad[0] in r.output, (bad, r.output)
