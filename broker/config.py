@@ -38,6 +38,7 @@ This module imports only the standard library: the CLI loads it on every call.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -260,24 +261,41 @@ _ENV = {
 }
 
 
+AT_LEAST_ZERO = ("max_spot_reclaims", "node_idle_seconds", "node_sweep_grace_seconds")
+"""Number settings that may be 0; every other one must be above 0 (a period, a timeout, a size)."""
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     kinds = {f.name: f.type for f in fields(Settings)}
     kind = kinds[name]
+    kind_words = {"float": "number", "int": "whole number"}.get(kind, kind)
     try:
-        if kind == "float":
-            return float(value)
-        if kind == "int":
+        if kind in ("float", "int"):
             if isinstance(value, bool):
                 raise ValueError
-            return int(value)
+            number = float(value) if kind == "float" else _whole_number(value)
+            if not math.isfinite(number):
+                raise ValueError
+            low = 0 if name in AT_LEAST_ZERO else None
+            if (low is None and number <= 0) or (low is not None and number < low):
+                raise ConfigError(f"{source}: {name} = {value!r} must be {'0 or more' if low is not None else 'above 0'}",
+                                  hint=f"fix {name} in {source}")
+            return number
         if not isinstance(value, str):
             raise ValueError
         return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(
-            f"{source}: {name} = {value!r} is not a valid {kind}",
+            f"{source}: {name} = {value!r} is not a valid {kind_words}",
             hint=f"fix {name} in {source}",
         ) from None
+
+
+def _whole_number(value: Any) -> int:
+    """3 or "3"; never 2.9 cut to 2 (nor 3.0: a count is written whole)."""
+    if isinstance(value, float):
+        raise ValueError
+    return int(value)
 
 
 def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
@@ -300,8 +318,9 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
             warm = table.get("warm_min", 0)
             if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
                 raise ValueError("warm_min must be a whole number >= 0")
-            if idle is not None and idle < 0:
-                raise ValueError("idle_seconds must be >= 0")
+            if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float))
+                                     or not math.isfinite(idle) or idle < 0):
+                raise ValueError(f"idle_seconds must be a number of seconds >= 0, got {idle!r}")
             price = table.get("price_per_node_hour")
             if price is not None:
                 from broker.amount import parse_money

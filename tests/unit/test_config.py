@@ -23,7 +23,12 @@ def test_file_then_env_then_flags(tmp_path):
       "price_per_gpu_hour = '-1.10'\n", "must not be negative"),
      ("[pools.b]\npartition = 'spotb'\ncapacity = 'spot'\ngpu_type = 'a100'\ngpu_mem_gb = 80\n"
       "price_per_gpu_hour = '1,10'\n", "decimal point"),
-     ("[nodes.spot]\nprice_per_node_hour = '-2.40'\n", "must not be negative")],
+     ("[nodes.spot]\nprice_per_node_hour = '-2.40'\n", "must not be negative"),
+     ("tick_seconds = nan\n", "tick_seconds = nan is not a valid number"),
+     ("tick_seconds = true\n", "is not a valid number"), ("lease_ttl_seconds = 0\n", "must be above 0"),
+     ("max_spot_reclaims = 2.9\n", "is not a valid whole number"), ("max_nodes = -3\n", "must be above 0"),
+     ("max_spot_reclaims = -1\n", "must be 0 or more"),
+     ("[nodes.spot]\nidle_seconds = nan\n", "idle_seconds must be a number of seconds")],
 )
 def test_bad_config_says_what_is_wrong(tmp_path, text, fragment):
     f = tmp_path / "g.toml"
