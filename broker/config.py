@@ -268,7 +268,7 @@ AT_LEAST_ZERO = ("max_spot_reclaims", "node_idle_seconds", "node_sweep_grace_sec
 def _coerce(name: str, value: Any, source: str) -> Any:
     kinds = {f.name: f.type for f in fields(Settings)}
     kind = kinds[name]
-    kind_words = {"float": "number", "int": "whole number"}.get(kind, kind)
+    kind_words = {"float": "number", "int": "whole number"}.get(str(kind), str(kind))
     try:
         if kind in ("float", "int"):
             if isinstance(value, bool):
