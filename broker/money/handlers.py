@@ -191,13 +191,21 @@ def group_members(
 ) -> dict[str, Any]:
     group = B.group_named(s, name)
     current = set(B.members(s, group.id))
-    for user in sorted(set(add or []) - current):
+    both = sorted(set(add or []) & set(remove or []))
+    if both:
+        raise SpecError(f"{', '.join(both)}: both added and removed", hint="give each user once; nothing changed")
+    absent = sorted(set(remove or []) - current)
+    if absent:
+        raise SpecError(f"{', '.join(absent)}: not a member of {name}, nothing to remove",
+                        hint=f"{name}'s members are {', '.join(sorted(current)) or 'none'}; nothing changed")
+    joined = sorted(set(add or []) - current)
+    for user in joined:
         s.add(GroupMember(group_id=group.id, user_name=_name(user, "member")))
-    gone = sorted(set(remove or []) & current)
+    gone = sorted(set(remove or []))
     if gone:
         s.execute(delete(GroupMember).where(GroupMember.group_id == group.id, GroupMember.user_name.in_(gone)))
     s.flush()
-    store.add_event(s, "group", f"group {name} members changed by {caller.name}: +{add or []} -{remove or []}", now=now)
+    store.add_event(s, "group", f"group {name} members changed by {caller.name}: +{joined} -{gone}", now=now)
     return _group_dict(s, group)
 
 
@@ -294,9 +302,14 @@ def quota_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list
 
 
 # -- prices ------------------------------------------------------------------------------
-def _price_row(partition: Any, capacity: Any, price: Any, effective: Any, now: datetime, where: str) -> Price:
+def _price_row(partition: Any, capacity: Any, price: Any, effective: Any, now: datetime, where: str,
+               known: set[str] | None = None) -> Price:
     if partition != ANY_PARTITION:
         partition = _name(partition, f"{where}partition")
+        if known is not None and partition not in known:
+            raise SpecError(f"{where}partition {partition!r} is not one gbroker places jobs in",
+                            hint=f"the partitions are {', '.join(sorted(known))}, or * for every partition of "
+                                 "that capacity")
     if capacity not in CAPACITIES:
         raise SpecError(f"{where}capacity {capacity!r}: use one of {', '.join(CAPACITIES)}")
     micros = _money(price, f"{where}price")
@@ -344,10 +357,16 @@ def price_set(
     s: Session, svc: Services, caller: Caller, now: datetime, *, partition: str, capacity: str, price: str,
     effective: str = "now",
 ) -> dict[str, Any]:
-    return _store_prices(s, [_price_row(partition, capacity, price, effective, now, "")], caller, now)
+    known = _priced_partitions(svc)
+    return _store_prices(s, [_price_row(partition, capacity, price, effective, now, "", known)], caller, now)
 
 
-def parse_price_csv(text: str, now: datetime) -> list[Price]:
+def _priced_partitions(svc: Services) -> set[str]:
+    """The partitions a price may name: the catalog's and those whose nodes gbroker manages."""
+    return set(svc.settings.partitions) | set(svc.settings.managed_node_partitions())
+
+
+def parse_price_csv(text: str, now: datetime, known: set[str] | None = None) -> list[Price]:
     """The price book CSV: a header naming partition,capacity,price_per_gpu_hour,effective_from."""
     reader = csv.DictReader(io.StringIO(text))
     header = [h.strip().lower() for h in (reader.fieldnames or [])]
@@ -355,14 +374,23 @@ def parse_price_csv(text: str, now: datetime) -> list[Price]:
     if missing:
         raise SpecError(f"price CSV: missing column(s) {', '.join(missing)}",
                         hint="the first line must be: " + ",".join(PRICE_CSV_COLUMNS))
+    unknown = [c for c in header if c not in PRICE_CSV_COLUMNS]
+    if unknown:
+        raise SpecError(f"price CSV: unknown column(s) {', '.join(unknown)}",
+                        hint="the columns are " + ",".join(PRICE_CSV_COLUMNS) + " (prices are in the settings' "
+                             "currency); nothing was imported")
     rows, problems = [], []
     for n, raw in enumerate(reader, start=2):
+        if None in raw:  # more fields than the header names
+            problems.append(f"line {n}: {len(PRICE_CSV_COLUMNS) + len(raw[None])} fields, the header names "
+                            f"{len(PRICE_CSV_COLUMNS)}")
+            continue
         rec = {(k or "").strip().lower(): (v or "").strip() for k, v in raw.items()}
         if not any(rec.values()):
             continue
         try:
             rows.append(_price_row(rec["partition"], rec["capacity"], rec["price_per_gpu_hour"],
-                                   rec["effective_from"], now, f"line {n}: "))
+                                   rec["effective_from"], now, f"line {n}: ", known))
         except SpecError as exc:
             problems.append(exc.message)
     if problems:
@@ -376,7 +404,7 @@ def parse_price_csv(text: str, now: datetime) -> list[Price]:
 def price_import(s: Session, svc: Services, caller: Caller, now: datetime, *, csv_text: str) -> dict[str, Any]:
     if not isinstance(csv_text, str):
         raise SpecError("price import: expected the CSV text")
-    return _store_prices(s, parse_price_csv(csv_text, now), caller, now)
+    return _store_prices(s, parse_price_csv(csv_text, now, _priced_partitions(svc)), caller, now)
 
 
 def _price_dict(p: Price) -> dict[str, Any]:

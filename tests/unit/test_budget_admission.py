@@ -301,10 +301,17 @@ def test_price_csv_import_is_all_or_nothing_and_idempotent(world: World) -> None
     assert len(world.ops()["price_import"](ROOT, {"csv_text": good})["added"]) == 3
     assert world.ops()["price_import"](ROOT, {"csv_text": good}) == {"added": [], "unchanged": 3}
     bad = ("partition,capacity,price_per_gpu_hour,effective_from\n"
-           "spot,spot,1.0,2027-02-01\nspot,cheap,1.0,2027-02-01\nod,ondemand,abc,2027-02-01\n")
+           "spot,spot,1.0,2027-02-01\nspot,cheap,1.0,2027-02-01\nondemand,ondemand,abc,2027-02-01\n"
+           "spto,spot,1.0,2027-02-01\nspot,spot,1.0,2027-02-01,extra\n")
     with pytest.raises(SpecError) as err:
         world.ops()["price_import"](ROOT, {"csv_text": bad})
     assert "line 3: capacity 'cheap'" in err.value.message and "line 4: price" in err.value.message
+    assert "line 5: partition 'spto' is not one gbroker places jobs in" in err.value.message
+    assert "line 6: 5 fields, the header names 4" in err.value.message
+    with pytest.raises(SpecError, match="unknown column.*currency"):
+        world.ops()["price_import"](ROOT, {"csv_text": good.replace("effective_from", "effective_from,currency")})
+    with pytest.raises(SpecError, match="partition 'spto' is not one"):
+        world.ops()["price_set"](ROOT, {"partition": "spto", "capacity": "spot", "price": "1", "effective": "now"})
     prices = world.ops()["price_list"](ROOT, {})
     assert not any(p["effective_from"].startswith("2027-02") for p in prices)
     with pytest.raises(SpecError, match="missing column"):
@@ -515,3 +522,14 @@ def test_quota_set_on_the_command_line_sets_the_class_and_type_limits(
                 ["--type-gpus", "a10o=8"], ["--class-gpus", "spot=12", "--class-gpus", "spot=4"]):
         r = cli(*bad)
         assert r.exit_code == 2 and "gbroker: error:" in r.output and bad[0] in r.output, (bad, r.output)
+
+
+def test_group_members_refuse_a_removal_that_would_do_nothing(world: World) -> None:
+    ops = world.ops()
+    with pytest.raises(SpecError, match="alcie: not a member of vision"):
+        ops["group_members"](ROOT, {"name": "vision", "add": ["carol"], "remove": ["alcie"]})
+    with pytest.raises(SpecError, match="carol: both added and removed"):
+        ops["group_members"](ROOT, {"name": "vision", "add": ["carol"], "remove": ["carol"]})
+    assert ops["group_list"](ROOT, {})[1]["members"] == ["alice", "bob"]  # nothing changed
+    g = ops["group_members"](ROOT, {"name": "vision", "add": ["carol"], "remove": ["bob"]})
+    assert g["members"] == ["alice", "carol"]
