@@ -68,7 +68,7 @@ def parse_pieces(text: str, chunk: int = 1) -> Pieces:
     body, pct, cap = text.strip().partition("%")
     limit = None
     if pct:
-        if not cap.isdigit() or int(cap) < 1:
+        if not re.fullmatch(r"[0-9]{1,7}", cap) or int(cap) < 1:
             raise PiecesError(f"{text!r}: after % comes how many pieces may run at once, e.g. \"1-400%16\"")
         limit = int(cap)
     if not body:

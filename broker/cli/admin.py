@@ -25,7 +25,7 @@ def _count(value: str, flag: str) -> int | None:
     """'8' -> 8, 'none' -> None (no limit)."""
     if value.lower() in ("none", "unlimited", "-"):
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise SpecError(f"{flag}: expected a number of GPUs or 'none', got {value!r}")
     return int(value)
 
@@ -282,7 +282,12 @@ def budget_set(
     if at_limit_running is not None:
         args["cancel_running"] = at_limit_running == "cancel"
     if alert_command is not None:
-        args["alert_command"] = shlex.split(alert_command)
+        try:
+            args["alert_command"] = shlex.split(alert_command)
+        except ValueError as exc:
+            raise SpecError(f"--alert-command {alert_command!r} cannot be split into arguments ({exc})",
+                            hint="close every quote; the command is split as a shell would, but no shell runs it") \
+                from None
     b = ctx.call("budget_set", **args)
     if as_json:
         print_json(b)

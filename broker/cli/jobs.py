@@ -189,7 +189,7 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
 def _job_numbers(text: str) -> list[int]:
     out = []
     for item in str(text).split(","):
-        if not item.strip().isdigit():
+        if not (item.strip().isascii() and item.strip().isdigit()):
             raise SpecError(f"after: {item.strip()!r} is not a job number", hint="--after 12,13")
         out.append(int(item))
     return out

@@ -45,7 +45,7 @@ def test_pieces_read_slurms_array_grammar(text: str, indices: tuple[int, ...], l
 
 
 @pytest.mark.parametrize("text", ["", "1-", "5-1", "a-b", "1-4:0", "1-4%", "1-4%0", "1;2", "1-4 --wrap=x",
-                                  "1-200000"])
+                                  "1-200000", "1-4%\u00b2"])
 def test_pieces_refuse_what_is_not_an_array(text: str) -> None:
     with pytest.raises(PiecesError):
         parse_pieces(text)

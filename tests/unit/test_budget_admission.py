@@ -533,3 +533,18 @@ def test_group_members_refuse_a_removal_that_would_do_nothing(world: World) -> N
     assert ops["group_list"](ROOT, {})[1]["members"] == ["alice", "bob"]  # nothing changed
     g = ops["group_members"](ROOT, {"name": "vision", "add": ["carol"], "remove": ["bob"]})
     assert g["members"] == ["alice", "carol"]
+
+
+def test_cli_input_that_cannot_be_read_gets_a_message_not_a_traceback(world: World,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from broker.cli import main as cli_main
+
+    ops = world.ops()
+    monkeypatch.setattr(cli_main.Context, "call", lambda self, op, repeatable=False, **a: ops[op](ROOT, a))
+    for args, words in ((["budget", "set", "vision", "--semester", "2026-fall", "--amount", "10", "--alert-command",
+                          '"/usr/bin/notify'], "cannot be split into arguments"),
+                        (["quota", "set", "vision", "--gpus", "\u00b2"], "expected a number of GPUs")):
+        r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", *args])
+        assert r.exit_code == 2 and "gbroker: error:" in r.output and words in r.output, (args, r.output)
