@@ -1077,6 +1077,9 @@ class _Parser:
                 text = value["text"]
             if text is None and path is None:
                 raise self.fail("script", "give script.text or script.path")
+            if text is not None and path is not None and self.read_files:  # as written by a user, not the wire
+                raise self.fail("script", "give script.text or script.path, not both",
+                                hint="the text would run and the file would never be read")
         else:
             raise self.fail("script", f"must be a path or the script text, got {_type_name(value)}")
         if text is None:

@@ -69,11 +69,15 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             data["after"] = _job_numbers(value)
         elif key == "env":
             env = dict(data.get("env") or {})
+            given: set[str] = set()
             for item in value:
                 name, sep, val = item.partition("=")
                 if not sep:
                     raise SpecError(f"env: {item!r} is not NAME=VALUE", hint="write --env NAME=VALUE")
-                env[name] = val
+                if name in given:
+                    raise SpecError(f"env: --env {name}= is given twice", hint="give each variable once")
+                given.add(name)
+                env[name] = val  # a flag wins over the job file's value
             if env:
                 data["env"] = env
         else:

@@ -513,3 +513,20 @@ def test_checkpoint_flags_merge_with_a_job_file_as_written(tmp_path: Path, monke
     job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\n[checkpoint]\ndir = "/scratch/ck"\n')
     with pytest.raises(SpecError, match="a checkpoint dir needs a style"):
         build_spec(str(job), {}, ())
+
+
+def test_a_variable_given_twice_or_a_script_given_both_ways_is_refused(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.cli.jobs import build_spec
+    from broker.errors import SpecError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match="--env X= is given twice"):
+        build_spec(None, _flags(env=("X=1", "X=2")), ("true",))
+    job = tmp_path / "job.toml"
+    job.write_text('group = "vision"\ntime_limit = "1h"\nenv = { X = "file" }\n'
+                   '[script]\npath = "/bin/true"\ntext = "#!/bin/bash\\ntrue\\n"\n')
+    with pytest.raises(SpecError, match="give script.text or script.path, not both"):
+        build_spec(str(job), {}, ())
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\nenv = { X = "file" }\n')
+    assert build_spec(str(job), {"env": ("X=flag",)}, ())["env"] == {"X": "flag"}  # a flag wins
