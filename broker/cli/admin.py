@@ -38,8 +38,8 @@ def semester() -> None:
 
 @semester.command("add")
 @click.argument("name")
-@click.option("--start", required=True, metavar="DATE", help="First day (UTC), e.g. 2026-09-01.")
-@click.option("--end", required=True, metavar="DATE", help="Last day, inclusive (UTC), e.g. 2027-01-31.")
+@click.option("--start", required=True, metavar="DATE", help="First day, from local midnight in the settings' timezone, e.g. 2026-09-01.")
+@click.option("--end", required=True, metavar="DATE", help="Last day, inclusive (to midnight in the settings' timezone), e.g. 2027-01-31.")
 @json_option
 @pass_ctx
 def semester_add(ctx: Context, name: str, start: str, end: str, as_json: bool) -> None:

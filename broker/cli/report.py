@@ -6,6 +6,7 @@ import click
 
 from broker.cli.main import Context
 from broker.cli.output import client_of, print_json
+from broker.errors import SpecError
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -32,6 +33,9 @@ def report(ctx: Context, semester_name: str | None, by: str, fmt: str, as_json: 
     Users see their own groups; admins see all.
     """
     from broker.report.render import report_csv, report_table
+
+    if as_json and fmt not in ("table", "json"):
+        raise SpecError(f"--json and --format {fmt} ask for two formats", hint="give one of them")
 
     client = client_of(ctx)
     data = client.report(semester=semester_name, by=by).raw

@@ -545,6 +545,7 @@ def test_cli_input_that_cannot_be_read_gets_a_message_not_a_traceback(world: Wor
     monkeypatch.setattr(cli_main.Context, "call", lambda self, op, repeatable=False, **a: ops[op](ROOT, a))
     for args, words in ((["budget", "set", "vision", "--semester", "2026-fall", "--amount", "10", "--alert-command",
                           '"/usr/bin/notify'], "cannot be split into arguments"),
-                        (["quota", "set", "vision", "--gpus", "\u00b2"], "expected a number of GPUs")):
+                        (["quota", "set", "vision", "--gpus", "\u00b2"], "expected a number of GPUs"),
+                        (["report", "--json", "--format", "csv"], "--json and --format csv ask for two formats")):
         r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", *args])
         assert r.exit_code == 2 and "gbroker: error:" in r.output and words in r.output, (args, r.output)
