@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from broker.db.models import Job
 from broker.jobs import lifecycle
 from broker.state import Services
-from broker.states import JobState
+from broker.states import TERMINAL, JobState
 
 
 def waits_for(job: Job) -> tuple[int, ...]:
@@ -69,3 +69,8 @@ def check_after(s: Session, owner_uid: int, is_admin: bool, after: tuple[int, ..
         other = found.get(dep)
         if other is None or (other.owner_uid != owner_uid and not is_admin):
             raise NotFound(f"after: no job {dep} of yours to wait for", hint="`gbroker history` lists your jobs")
+        if other.state in TERMINAL and other.state != JobState.COMPLETED:
+            from broker.errors import SpecError
+
+            raise SpecError(f"after: job {dep} already ended {other.state.value}, so this job could never start",
+                            hint=f"resubmit job {dep} (or leave it out of --after); nothing was stored")

@@ -344,6 +344,12 @@ def test_a_chain_waits_in_gbroker_and_is_cancelled_with_what_it_waits_for(world:
     assert gone["state"] == "cancelled" and gone["reason"] == f"cancelled: job {a['id']} it waits for ended " \
         f"cancelled (cancelled by alice)"
     assert gone["pieces"]["line"] == "0/2 done, 2 cancelled"
+    # A job that already ended other than completed cannot be waited for: refused, not stored.
+    from broker.errors import SpecError
+
+    with pytest.raises(SpecError, match=f"after: job {a['id']} already ended cancelled"):
+        submit(w.svc, caller("alice"), {"name": "c", "group": "vision", "time_limit": "5m", "command": ["true"],
+                                        "workdir": "/tmp", "after": [a["id"]]})
 
 
 def test_the_policy_sends_a_piece_reclaimed_too_often_to_on_demand(world: World) -> None:
