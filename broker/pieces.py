@@ -45,6 +45,12 @@ class Pieces:
         gaps = {b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}
         return gaps.pop() if len(gaps) == 1 else 1
 
+    @property
+    def evenly_spaced(self) -> bool:
+        """Every gap the same: a chunk's task, which runs first..last by one step, then runs its own indices
+        only (across a gap of another size it would run indices nobody asked for)."""
+        return len({b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}) <= 1
+
     def chunks(self) -> list[tuple[int, int]]:
         """(first, last) of every chunk, in order. A chunk is one Slurm array task."""
         out = []
@@ -90,14 +96,7 @@ def parse_pieces(text: str, chunk: int = 1) -> Pieces:
         if (hi - lo) // step + 1 + len(found) > MAX_PIECES:
             raise PiecesError(f"more than {MAX_PIECES} pieces; split the work into several arrays")
         found.update(range(lo, hi + 1, step))
-    indices = tuple(sorted(found))
-    if chunk > 1 and len({b - a for a, b in zip(indices, indices[1:], strict=False)}) > 1:
-        # A chunk's task runs first..last by the array's one step: across a gap it would run
-        # indices nobody asked for.
-        raise PiecesError(f"{text!r}: chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
-                          f"\"1-400:5\"); these have gaps of different sizes: leave chunk out, or submit one "
-                          "array per range")
-    return Pieces(indices, limit, chunk)
+    return Pieces(tuple(sorted(found)), limit, chunk)
 
 
 def compress(indices: Iterable[int]) -> str:

@@ -56,8 +56,7 @@ def test_a_chunk_never_runs_an_index_that_was_not_asked_for() -> None:
         p = parse_pieces(text, chunk)
         for first, last in p.chunks():
             assert set(range(first, last + 1, p.step)) == set(p.members(first)), (text, chunk, first, last)
-    with pytest.raises(PiecesError, match="evenly spaced"):
-        parse_pieces("1-10,15-24", 4)
+    assert not parse_pieces("1-10,15-24", 4).evenly_spaced  # refused with chunk by the spec parser
 
 
 def test_chunks_cut_the_indices_in_order_and_keep_the_step() -> None:
@@ -114,7 +113,7 @@ def test_a_sweep_file_is_read_on_the_cli_side_and_sent_as_lines(tmp_path: Any) -
     ({"after": ["x"]}, "after: 'x' is not a job number"),
     ({"after": 0}, "after: 0 is not a job number"),
     ({"sweep": ["--x 1", "--x 2", "--x 3"], "chunk": 2}, "chunk: a sweep runs one piece per line"),
-    ({"pieces": "1-10,15-24", "chunk": 4}, "chunk 4 needs evenly spaced pieces"),
+    ({"pieces": "1-10,15-24", "chunk": 4}, "chunk: chunk 4 needs evenly spaced pieces"),
 ])
 def test_array_fields_are_checked_with_a_message(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError) as exc:
@@ -425,3 +424,11 @@ def test_an_array_is_adopted_by_its_key_even_when_another_users_array_of_that_na
     assert w.slurm.calls["sbatch"] == 2, "submitted a second time"
     (batch,) = show_job(w.svc, ROOT, 1)["array"]["batches"]
     assert batch["slurm_array_id"] == ours
+
+
+def test_an_array_stored_before_the_chunk_checks_is_read_back_as_it_was() -> None:
+    from broker.spec import spec_from_dict
+
+    base = {"name": "a", "group": "vision", "time_limit": "5m", "command": ["true"], "workdir": "/tmp"}
+    for extra in ({"pieces": "1-10,15-24", "chunk": 4}, {"sweep": ["--x 1", "--x 2", "--x 3"], "chunk": 2}):
+        assert spec_from_dict({**base, **extra}).chunk == extra["chunk"]
