@@ -634,7 +634,7 @@ class _Parser:
             if value is not None:
                 raise self.fail("pieces", "give pieces or a sweep, not both (a sweep has a piece per line)",
                                 hint="leave pieces out: the sweep's lines are pieces 1-N")
-            if data.get("chunk", 1) != 1:
+            if data.get("chunk", 1) != 1 and self.now is not None:  # a new request (a stored one is read as it was)
                 raise self.fail("chunk", "a sweep runs one piece per line: its lines cannot be chunked "
                                 "(a chunk's task would get its first line's arguments only)",
                                 hint="leave chunk out, or put what one task should run on one sweep line")
@@ -655,6 +655,10 @@ class _Parser:
             raise self.fail("pieces", str(exc),
                             hint='e.g. "1-400", "1-400:2" (every second), "1,5,9-12", "1-400%16" (16 at a time)') \
                 from None
+        if chunk > 1 and not parsed.evenly_spaced and self.now is not None:
+            raise self.fail("chunk", f"chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
+                            f"\"1-400:5\"); {value.strip()!r} has gaps of different sizes, so a chunk would run "
+                            "indices nobody asked for", hint="leave chunk out, or submit one array per range")
         return value.strip() if parsed.indices else None
 
     def after(self, data: Mapping[str, Any]) -> tuple[int, ...]:
@@ -879,12 +883,21 @@ class _Parser:
                                 hint='set warning_signal (e.g. "USR1") or checkpoint.style = "signal", '
                                      "or leave signal_lead_s out")
             return
-        asked = data.get("signal_lead_s") is not None or data.get("warning_signal") is not None
+        lead_written = data.get("signal_lead_s") is not None
+        asked = lead_written or data.get("warning_signal") is not None
         if asked and time_limit_s is not None and time_limit_s - lead < WARNING_MARGIN_S:
-            raise self.fail("signal_lead_s", f"the warning would come {time_limit_s - lead}s after the start "
-                            f"(time limit {time_limit_s}s, lead {lead}s); Slurm may send it up to "
-                            f"{WARNING_MARGIN_S}s early, before the job can catch it",
-                            hint=f"lower signal_lead_s or raise time_limit to at least {lead + WARNING_MARGIN_S}s")
+            if time_limit_s <= WARNING_MARGIN_S:
+                hint = "a job of a minute or less cannot be warned: raise time_limit, or leave the warning out"
+            elif lead_written:
+                hint = (f"lower signal_lead_s to at most {time_limit_s - WARNING_MARGIN_S}, or raise time_limit to "
+                        f"at least {lead + WARNING_MARGIN_S}s")
+            else:  # the default lead: half of a short time limit, at most DEFAULT_SIGNAL_LEAD_S
+                hint = (f"set signal_lead_s to at most {time_limit_s - WARNING_MARGIN_S}, or raise time_limit to at "
+                        f"least {2 * WARNING_MARGIN_S - 1}s")
+            raise self.fail("signal_lead_s" if lead_written else "warning_signal",
+                            f"the warning would come {time_limit_s - lead}s after the start (time limit "
+                            f"{time_limit_s}s, lead {lead}s); Slurm may send it up to {WARNING_MARGIN_S}s early, "
+                            "before the job can catch it", hint=hint)
 
     def warning_signal(self, data: Mapping[str, Any], style: str) -> str | None:
         value = data.get("warning_signal")
