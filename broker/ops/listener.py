@@ -33,6 +33,8 @@ MAX_CONNECTIONS = 32
 threads and file descriptors in the daemon (any local user can connect)."""
 REQUEST_TIMEOUT_S = 10.0
 """A connection that sends nothing (or a body slower than this between bytes) is closed."""
+CONNECTION_DEADLINE_S = 30.0
+"""A connection still open this long after it was accepted is closed, however it trickles bytes."""
 _BUSY_TEXT = b"too many connections at once: try again\n"
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
@@ -67,12 +69,13 @@ class _Server(ThreadingHTTPServer):
 class OpsListener:
     def __init__(self, svc: Services, stats: DaemonStats, host: str, port: int,
                  web: Dashboard | None = None, *, max_connections: int = MAX_CONNECTIONS,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 connection_deadline_s: float = CONNECTION_DEADLINE_S) -> None:
         self.svc = svc
         self.stats = stats
         self.web = web
         self.registry = registry(svc, stats)
-        handler = _handler(self, request_timeout_s)
+        handler = _handler(self, request_timeout_s, connection_deadline_s)
         server_cls: Any = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
         try:
             self.server: _Server = server_cls((host, port), handler)
@@ -103,11 +106,31 @@ class OpsListener:
         self.server.server_close()
 
 
-def _handler(app: OpsListener, timeout_s: float) -> type[BaseHTTPRequestHandler]:
+def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gbroker"
         sys_version = ""
         timeout = timeout_s  # the socket's: a silent client is dropped, never waited for
+
+        def setup(self) -> None:
+            super().setup()
+            # A client that trickles a byte before each timeout would keep its slot for ever.
+            self._deadline = threading.Timer(deadline_s, self._cut)
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def _cut(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            try:
+                super().finish()
+            except OSError:
+                pass  # the deadline cut it
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]

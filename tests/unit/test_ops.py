@@ -514,6 +514,38 @@ def test_idle_connections_cannot_pile_up_in_the_listener(world: World) -> None:
         ops.stop()
 
 
+def test_a_connection_that_trickles_bytes_is_cut_at_its_deadline(world: World) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    from broker.ops.listener import OpsListener
+
+    ops = OpsListener(world.svc, DaemonStats(), "127.0.0.1", 0, max_connections=1, request_timeout_s=0.5,
+                      connection_deadline_s=1.5)
+    ops.start()
+    slow = socket.create_connection(ops.address, timeout=5)
+    try:
+        started = time.monotonic()
+        closed = False
+        for byte in b"GET /healthz HTTP/1.0\r\nX-Drip: " + b"a" * 40:  # a byte well inside every read timeout
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+            if time.monotonic() - started > 4:
+                break
+        closed = closed or slow.recv(1) == b""
+        assert closed and time.monotonic() - started < 4, "the trickling connection kept its slot"
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops.address[1]}/healthz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        slow.close()
+        ops.stop()
+
+
 def test_the_listener_serves_three_read_only_pages_and_says_when_its_port_is_taken(world: World) -> None:
     import urllib.error
     import urllib.request
