@@ -12,7 +12,7 @@ MICROS_PER_UNIT = 1_000_000
 SECONDS_PER_HOUR = 3600
 
 
-_AMOUNT = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+(?:_\d+)*)(?:\.\d+)?")
+_AMOUNT = re.compile(r"-?\$?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+(?:_[0-9]+)*)(?:\.[0-9]+)?")
 """'12000', '412.30', '$1,200.50', '-5', '12_000': commas only between groups of three digits,
 '.' the only decimal mark, '$' only before the digits."""
 
@@ -26,7 +26,7 @@ def parse_money(text: str | int | Decimal) -> int:
         return text * MICROS_PER_UNIT
     raw = str(text).strip()
     if not isinstance(text, Decimal) and not _AMOUNT.fullmatch(raw):
-        hint = " (write the decimal point as '.', e.g. 1.50)" if re.fullmatch(r"-?\$?\d+,\d{1,2}", raw) else ""
+        hint = " (write the decimal point as '.', e.g. 1.50)" if re.fullmatch(r"-?\$?[0-9]+,[0-9]{1,2}", raw) else ""
         raise ValueError(f"not an amount of money: {text!r}{hint}")
     s = raw.replace("$", "").replace(",", "").replace("_", "")
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from broker import timeparse
@@ -191,6 +191,9 @@ def group_members(
 ) -> dict[str, Any]:
     group = B.group_named(s, name)
     current = set(B.members(s, group.id))
+    for field, users in (("add", add), ("remove", remove)):
+        if users is not None and (not isinstance(users, list) or not all(isinstance(u, str) for u in users)):
+            raise SpecError(f"{field}: expected a list of user names", hint="e.g. --add carol --remove bob")
     both = sorted(set(add or []) & set(remove or []))
     if both:
         raise SpecError(f"{', '.join(both)}: both added and removed", hint="give each user once; nothing changed")
@@ -270,6 +273,11 @@ def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types
         if kind == "class" and name not in CLASSES:
             raise SpecError(f"{LIMIT_KINDS[kind]} {name}: not a capacity class; the classes are {', '.join(CLASSES)}")
         name = _name(name, LIMIT_KINDS[kind])
+        count = _opt_int(value, LIMIT_KINDS[kind])
+        if count is None:  # removed, however it was spelled, even for a type no pool has any more
+            s.execute(delete(QuotaLimit).where(QuotaLimit.group_id == group_id, QuotaLimit.kind == kind,
+                                               func.lower(QuotaLimit.name) == name.lower()))
+            continue
         if kind == "gpu":
             # As the catalog spells it: admission compares the pool's type exactly.
             spelled = {t.lower(): t for t in gpu_types}
@@ -278,12 +286,8 @@ def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types
                                 hint=("the pools' types are " + ", ".join(sorted(gpu_types))) if gpu_types
                                 else "no pool declares a gpu_type ([pools.NAME] gpu_type in the settings)")
             name = spelled[name.lower()]
-        count = _opt_int(value, LIMIT_KINDS[kind])
         row = s.get(QuotaLimit, (group_id, kind, name))
-        if count is None:
-            if row is not None:
-                s.delete(row)
-        elif row is None:
+        if row is None:
             s.add(QuotaLimit(group_id=group_id, kind=kind, name=name, max_gpus=count, updated_at=now))
         else:
             row.max_gpus, row.updated_at = count, now
@@ -376,7 +380,7 @@ def parse_price_csv(text: str, now: datetime, known: set[str] | None = None) -> 
                         hint="the first line must be: " + ",".join(PRICE_CSV_COLUMNS))
     unknown = [c for c in header if c not in PRICE_CSV_COLUMNS]
     if unknown:
-        raise SpecError(f"price CSV: unknown column(s) {', '.join(unknown)}",
+        raise SpecError(f"price CSV: unknown column(s) {', '.join(repr(c) for c in unknown)}",
                         hint="the columns are " + ",".join(PRICE_CSV_COLUMNS) + " (prices are in the settings' "
                              "currency); nothing was imported")
     rows, problems = [], []

@@ -549,3 +549,26 @@ def test_cli_input_that_cannot_be_read_gets_a_message_not_a_traceback(world: Wor
                         (["report", "--json", "--format", "csv"], "--json and --format csv ask for two formats")):
         r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", *args])
         assert r.exit_code == 2 and "gbroker: error:" in r.output and words in r.output, (args, r.output)
+
+
+def test_a_type_limit_is_removed_however_it_was_spelled_and_for_a_type_no_pool_has(world: World) -> None:
+    from broker.db.ledger_models import LabGroup, QuotaLimit
+
+    ops = world.ops()
+    with world.svc.tx() as s:  # as stored before limits were checked against the catalog
+        gid = s.query(LabGroup).filter_by(name="vision").one().id
+        s.add(QuotaLimit(group_id=gid, kind="gpu", name="a100", max_gpus=2, updated_at=world.clock.now()))
+        s.add(QuotaLimit(group_id=gid, kind="gpu", name="v100", max_gpus=2, updated_at=world.clock.now()))
+    assert ops["quota_set"](ROOT, {"group": "vision", "limits": {"gpu:A100": None, "gpu:v100": None}})["limits"] == {}
+    with pytest.raises(SpecError, match="no pool has that GPU type"):
+        ops["quota_set"](ROOT, {"group": "vision", "limits": {"gpu:v100": 4}})
+
+
+def test_admin_lists_must_be_names_and_a_csv_column_without_a_name_is_shown(world: World) -> None:
+    ops = world.ops()
+    for bad in ({"add": [5]}, {"remove": [5], "add": [5]}, {"remove": "bob"}):
+        with pytest.raises(SpecError, match="expected a list of user names"):
+            ops["group_members"](ROOT, {"name": "vision", **bad})
+    text = "partition,capacity,price_per_gpu_hour,effective_from,\nspot,spot,1.0,2027-03-01,\n"
+    with pytest.raises(SpecError, match="unknown column\\(s\\) ''"):
+        ops["price_import"](ROOT, {"csv_text": text})

@@ -15,7 +15,7 @@ def test_parse_money(text, micros):
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "1.0000001", "nan", "inf", "1e400000", "1,5", "12.000,50", "1$2",
-                                 "1,20", "+5", True, "1e3", "1 000"])
+                                 "1,20", "+5", True, "1e3", "1 000", "\u0661\u0662"])
 def test_parse_money_refuses(bad):
     with pytest.raises(ValueError):
         parse_money(bad)
