@@ -25,7 +25,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from broker.db.engine import default_db_url, make_engine, session_factory
 from broker.db.models import Attempt, Event, Job, Lease
 from broker.errors import BrokerError
-from broker.spec import JobSpec, spec_to_dict
+from broker.spec import JobSpec, spec_from_dict, spec_to_dict
 from broker.states import ACTIVE, TERMINAL, AttemptState, JobState, can_move
 from policies.base import Capacity
 
@@ -244,10 +244,18 @@ def check_same_request(job: Job, owner_uid: int, text: str) -> Job:
     if job.owner_uid != owner_uid:
         raise IdempotencyConflict(f"job key {job.key} belongs to another user",
                                   hint="use another key, or leave --key out and gbroker makes one")
-    if job.spec_json != text:
+    if job.spec_json != text and not _same_spec(job.spec_json, text):
         raise IdempotencyConflict(f"job key {job.key} was already used for a different request",
                                   hint="use another key, or leave --key out and gbroker makes one")
     return job
+
+
+def _same_spec(stored: str, text: str) -> bool:
+    """The same request written by another release (the stored form may gain or drop default fields)."""
+    try:
+        return spec_from_dict(json.loads(stored)) == spec_from_dict(json.loads(text))
+    except (ValueError, BrokerError):
+        return False
 
 
 def get_job(session: Session, job_id: int) -> Job | None:

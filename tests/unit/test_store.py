@@ -86,6 +86,21 @@ def test_existing_key_with_another_request_or_owner_is_refused(store: sessionmak
             new_job(s, owner_uid=1002)
 
 
+def test_a_retry_is_the_same_request_when_another_release_stored_it_with_its_defaults(
+        store: sessionmaker[Session]) -> None:
+    import json
+
+    with store.begin() as s:
+        first = new_job(s)
+        stored = json.loads(first.spec_json)
+        stored["signal_lead_s"] = 120  # an earlier release wrote every default out
+        first.spec_json = json.dumps(stored, sort_keys=True, separators=(",", ":"))
+    with store() as s:
+        assert new_job(s).id == first.id
+        with pytest.raises(st.IdempotencyConflict, match="different request"):
+            new_job(s, spec=spec(nodes=2))
+
+
 def test_database_itself_refuses_a_duplicate_key(store: sessionmaker[Session]) -> None:
     with store.begin() as s:
         new_job(s)
