@@ -135,6 +135,7 @@ class StatusProbe:
     errors: list[str] = field(default_factory=list)
     _proc: subprocess.Popen[str] | None = None
     _thread: threading.Thread | None = None
+    _before: int = 0
 
     def __enter__(self) -> StatusProbe:
         assert self.d.cli("status", user=self.user, timeout=30).code == 0  # the CLI itself answers
@@ -153,10 +154,20 @@ class StatusProbe:
 
         self._thread = threading.Thread(target=read, daemon=True)
         self._thread.start()
+        # The probe answers once before the attack starts (a fast attack could otherwise be over
+        # before the probe's first request), and once more after it (see __exit__).
+        self._wait_for_answers(1)
+        self._before = len(self.times) + len(self.errors)
         return self
+
+    def _wait_for_answers(self, n: int, timeout_s: float = 30.0) -> None:
+        end = time.monotonic() + timeout_s
+        while len(self.times) + len(self.errors) < n and time.monotonic() < end:
+            time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
         assert self._proc is not None and self._proc.stdin is not None and self._thread is not None
+        self._wait_for_answers(self._before + 1)
         self._proc.stdin.close()
         self._proc.wait(60)
         self._thread.join(60)
