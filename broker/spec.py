@@ -53,7 +53,8 @@ DEFAULT_MAX_NODES = 16
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_SIGNAL_LEAD_S = 120
 WARNING_MARGIN_S = 60
-"""Slurm may send the warning up to a minute early: a lead that leaves less of the run is not given."""
+"""sbatch(1) on --signal: "the signal may be sent up to 60 seconds earlier than specified"; a lead
+that leaves less of the run than this is not asked of Slurm."""
 MAX_RETRIES_LIMIT = 100
 MAX_SIGNAL_LEAD_S = 3600
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
@@ -292,6 +293,16 @@ def parse_spec(
     return _Parser(now, partitions, max_gpus_per_node, max_nodes, read_files=True, read_lines=True).parse(data)
 
 
+def default_signal_lead(time_limit_s: int | None) -> int:
+    """The warning lead a job gets when it names none: a short job is warned half-way."""
+    return DEFAULT_SIGNAL_LEAD_S if time_limit_s is None else min(DEFAULT_SIGNAL_LEAD_S, time_limit_s // 2)
+
+
+def default_warning_signal(style: str) -> str | None:
+    """The warning a job gets when it names none: only a job that saves on a signal asks for one."""
+    return "USR1" if style == "signal" else None
+
+
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     """A JSON-able dict that ``spec_from_dict`` turns back into an equal JobSpec."""
     out: dict[str, Any] = {
@@ -308,9 +319,9 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     }
     # The warning as written: what the parser would not have chosen by itself (so a job that left
     # them to their defaults is not read as one that asked for them).
-    if spec.warning_signal != ("USR1" if spec.checkpoint_style == "signal" else None):
+    if spec.warning_signal != default_warning_signal(spec.checkpoint_style):
         out["warning_signal"] = spec.warning_signal or "none"
-    if spec.warning_signal is not None and spec.signal_lead_s != min(DEFAULT_SIGNAL_LEAD_S, spec.time_limit_s // 2):
+    if spec.warning_signal is not None and spec.signal_lead_s != default_signal_lead(spec.time_limit_s):
         out["signal_lead_s"] = spec.signal_lead_s
     if spec.tasks_per_node != 1:
         out["tasks_per_node"] = spec.tasks_per_node
@@ -866,9 +877,8 @@ class _Parser:
         return value
 
     def signal_lead(self, data: Mapping[str, Any], time_limit_s: int | None) -> int:
-        # A short job given no lead gets warned half-way rather than refused.
-        default_lead = DEFAULT_SIGNAL_LEAD_S if time_limit_s is None else min(DEFAULT_SIGNAL_LEAD_S, time_limit_s // 2)
-        lead = self.integer(data, "signal_lead_s", default_lead, 0, MAX_SIGNAL_LEAD_S, "one hour")
+        lead = self.integer(data, "signal_lead_s", default_signal_lead(time_limit_s), 0, MAX_SIGNAL_LEAD_S,
+                            "one hour")
         if time_limit_s is not None and lead >= time_limit_s:
             raise self.fail("signal_lead_s", f"{lead}s is not shorter than the time limit ({time_limit_s}s)",
                             hint="the warning signal must come before the job ends; lower signal_lead_s")
@@ -902,7 +912,7 @@ class _Parser:
     def warning_signal(self, data: Mapping[str, Any], style: str) -> str | None:
         value = data.get("warning_signal")
         if value is None:
-            return "USR1" if style == "signal" else None
+            return default_warning_signal(style)
         if not isinstance(value, str):
             raise self.fail("warning_signal", f"must be a signal name, got {_type_name(value)} {value!r}",
                             hint=f"one of {', '.join(WARNING_SIGNALS)}, e.g. warning_signal = \"USR1\"")

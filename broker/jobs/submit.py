@@ -34,7 +34,7 @@ from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_
 from broker.jobs.views import job_summary, summary_of
 from broker.slurm.backend import StartedSubmit, SubmitRequest
 from broker.slurm.script import ArrayPart, render_batch_script
-from broker.spec import JobSpec, spec_from_dict
+from broker.spec import WARNING_MARGIN_S, JobSpec, spec_from_dict
 from broker.states import TERMINAL, JobState
 from policies import Capacity
 
@@ -445,10 +445,6 @@ def build_request(svc: Services, job: Job, attempt: Attempt, spec: JobSpec) -> S
     )
 
 
-SIGNAL_RESOLUTION_S = 60
-"""sbatch(1) on --signal: "the signal may be sent up to 60 seconds earlier than specified"."""
-
-
 def warning_lead_s(spec: JobSpec) -> int | None:
     """The warning lead to ask Slurm for, or None when the job asked for no warning or is too short.
 
@@ -458,7 +454,7 @@ def warning_lead_s(spec: JobSpec) -> int | None:
     limit is within a minute of its lead, that can be before the batch script
     has installed its handler, and the signal would kill the job at its start.
     """
-    if spec.warning_signal is None or spec.time_limit_s - spec.signal_lead_s < SIGNAL_RESOLUTION_S:
+    if spec.warning_signal is None or spec.time_limit_s - spec.signal_lead_s < WARNING_MARGIN_S:
         return None
     return spec.signal_lead_s
 
