@@ -39,17 +39,20 @@ class Pieces:
     limit: int | None = None
     chunk: int = 1
 
+    def _gaps(self) -> set[int]:
+        return {b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}
+
     @property
     def step(self) -> int:
         """The step between the indices of a chunk (1 unless every gap is the same)."""
-        gaps = {b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}
+        gaps = self._gaps()
         return gaps.pop() if len(gaps) == 1 else 1
 
     @property
     def evenly_spaced(self) -> bool:
         """Every gap the same: a chunk's task, which runs first..last by one step, then runs its own indices
         only (across a gap of another size it would run indices nobody asked for)."""
-        return len({b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}) <= 1
+        return len(self._gaps()) <= 1
 
     def chunks(self) -> list[tuple[int, int]]:
         """(first, last) of every chunk, in order. A chunk is one Slurm array task."""

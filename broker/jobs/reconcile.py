@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, lazyload
@@ -66,6 +66,9 @@ from broker.pools import PREPAID as PREPAID_CLASSES
 from policies import PREPAID, Action, Capacity, Decision, JobView, Placement
 
 log = logging.getLogger(__name__)
+
+Row = TypeVar("Row", SlurmJob, SacctRow)
+"""A queue or accounting row: both carry the name, comment and user that say whose job it is."""
 
 KEY_PREFIX = "gb-"
 ADOPT_LOOKBACK = timedelta(hours=1)
@@ -227,8 +230,7 @@ def _look(
     if att.slurm_job_id is None:
         # Only a job that is this one's (owner and key) is adopted; another user's job of the
         # same name is not this job's, and is no reason to fail it.
-        found = next((j for j in by_name.get(slurm_name(job.key, att.number), [])
-                      if is_ours(job.key, job.owner_name, name=j.name, comment=j.comment, user=j.user)), None)
+        found = next(iter(_ours(job, by_name.get(slurm_name(job.key, att.number), []))), None)
         if found is not None:
             _adopt(s, job, att, found, now)
             _follow(s, svc, job, att, found, now, plan, need_history)
@@ -255,8 +257,8 @@ def _verify(s: Session, job: Job, att: Attempt, sj: SlurmJob, now: datetime) -> 
     return False
 
 
-def _ours(job: Job, rows: list[SacctRow]) -> list[SacctRow]:
-    """The accounting rows that are this job's (owner and key); others never count for it."""
+def _ours(job: Job, rows: list[Row]) -> list[Row]:
+    """The queue or accounting rows that are this job's (owner and key); others never count for it."""
     return [r for r in rows if is_ours(job.key, job.owner_name, name=r.name, comment=r.comment, user=r.user)]
 
 
