@@ -276,9 +276,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             number = float(value) if kind == "float" else _whole_number(value)
             if not math.isfinite(number):
                 raise ValueError
-            low = 0 if name in AT_LEAST_ZERO else None
-            if (low is None and number <= 0) or (low is not None and number < low):
-                raise ConfigError(f"{source}: {name} = {value!r} must be {'0 or more' if low is not None else 'above 0'}",
+            zero_ok = name in AT_LEAST_ZERO
+            if number < 0 or (number == 0 and not zero_ok):
+                raise ConfigError(f"{source}: {name} = {value!r} must be {'0 or more' if zero_ok else 'above 0'}",
                                   hint=f"fix {name} in {source}")
             return number
         if not isinstance(value, str):

@@ -74,6 +74,10 @@ class MetricsSettings:
         return bool(self.host)
 
 
+PROXY_SECRET_HOWTO = "umask 077; head -c 32 /dev/urandom | base64 > FILE"
+"""How to make the proxy's secret file, readable by root alone (said wherever one is asked for)."""
+
+
 @dataclass(frozen=True)
 class WebSettings:
     trust_proxy_header: str = ""
@@ -188,8 +192,8 @@ def parse_web(value: Any, source: str) -> WebSettings:
     if header.lower() in ("cookie", "host", "origin", "content-type", "content-length"):
         raise ConfigError(f"{where}: trust_proxy_header = {header!r} is a header browsers send themselves",
                           hint='use the proxy\'s own header, e.g. "X-Forwarded-User"')
-    make = ("create it readable by root alone: umask 077; head -c 32 /dev/urandom | base64 > "
-            "/etc/gbroker/proxy-secret; have the proxy send its content as X-Gbroker-Proxy-Secret")
+    make = ("create it readable by root alone: " + PROXY_SECRET_HOWTO.replace("FILE", "/etc/gbroker/proxy-secret")
+            + "; have the proxy send its content as X-Gbroker-Proxy-Secret")
     if header and not secret:
         raise ConfigError(f"{where}: trust_proxy_header needs proxy_secret_file: without it any local user "
                           "can send the header to the listener and be whoever it names",

@@ -240,8 +240,8 @@ def quota_set(
     class or GPU type (None removes that limit)."""
     g = B.group_named(s, group)
     if limits is not _KEEP:
-        types = {p.gpu_type for p in svc.settings.catalog().pools if p.gpu_type}
-        _set_limits(s, g.id, limits, now, types)
+        spelled = {p.gpu_type.lower(): p.gpu_type for p in svc.settings.catalog().pools if p.gpu_type}
+        _set_limits(s, g.id, limits, now, spelled)
     quota = s.get(Quota, g.id)
     if quota is None:
         quota = Quota(group_id=g.id, max_gpus=None, max_ondemand_gpus=None, updated_at=now)
@@ -260,7 +260,8 @@ def quota_set(
 LIMIT_KINDS = {"class": "--class-gpus", "gpu": "--type-gpus"}
 
 
-def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types: set[str]) -> None:
+def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types: dict[str, str]) -> None:
+    """``gpu_types``: the catalog's GPU types, lower-cased to as the catalog spells them."""
     from broker.db.ledger_models import QuotaLimit
     from broker.pools import CLASSES
 
@@ -280,12 +281,11 @@ def _set_limits(s: Session, group_id: int, limits: Any, now: datetime, gpu_types
             continue
         if kind == "gpu":
             # As the catalog spells it: admission compares the pool's type exactly.
-            spelled = {t.lower(): t for t in gpu_types}
-            if name.lower() not in spelled:
+            if name.lower() not in gpu_types:
                 raise SpecError(f"{LIMIT_KINDS[kind]} {name}: no pool has that GPU type",
-                                hint=("the pools' types are " + ", ".join(sorted(gpu_types))) if gpu_types
+                                hint=("the pools' types are " + ", ".join(sorted(gpu_types.values()))) if gpu_types
                                 else "no pool declares a gpu_type ([pools.NAME] gpu_type in the settings)")
-            name = spelled[name.lower()]
+            name = gpu_types[name.lower()]
         row = s.get(QuotaLimit, (group_id, kind, name))
         if row is None:
             s.add(QuotaLimit(group_id=group_id, kind=kind, name=name, max_gpus=count, updated_at=now))

@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from broker.caller import Caller, Handler
 from broker.errors import BrokerError, ConfigError, NotFound, PermissionDenied
+from broker.opsconfig import PROXY_SECRET_HOWTO
 from broker.state import Services
 from broker.states import JobState
 from broker.web import auth, pages
@@ -100,7 +101,7 @@ class Dashboard:
         path = self.svc.settings.web.proxy_secret_file
         if self._secret is not None and self._secret[0] == path:
             return self._secret[1]
-        hint = "create it readable by root alone (umask 077; head -c 32 /dev/urandom | base64 > FILE)"
+        hint = f"create it readable by root alone ({PROXY_SECRET_HOWTO.replace('FILE', path)})"
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
