@@ -40,6 +40,13 @@ fewest), next to the policy's: its on-demand hours while some pool had spot
 while every pool was out, its hours waiting, and its moves:
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py --decompose [--half all] [--base NAME]
+
+``--lags`` prints whether the market has a daily or weekly cycle worth
+reading: the AUC, per pool set and look-back, of the share of the same 3
+changeovers a lag earlier in which the pool had spot as a predictor of a
+window lasting 3 changeovers more (sampled as ``--fit``):
+
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py --lags
 """
 
 from __future__ import annotations
@@ -190,6 +197,59 @@ def fit_window_model() -> None:
             print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {auc(ps, ys):.3f} | {one} |")
 
 
+LAGS_H = (6, 12, 17, 24, 48, 168)
+"""Look-backs of ``--lags``: the day and its multiples, half a day, a week,
+and 6 and 17 hours as controls that no daily or weekly cycle would favour."""
+
+
+def lag_predictors(d: int = 720, stride_s: int = 120) -> None:
+    """AUC of the same time a lag earlier as a predictor of a window lasting 3 d more.
+
+    Sampled as ``window_samples`` (every ``stride_s`` where a pool has spot
+    younger than 3 d and the window's end is in the trace); the feature is the
+    share of the 3 d that started ``lag`` earlier in which that pool had spot,
+    all of it in the past for every lag here. A daily cycle of the market would
+    show as an AUC well above 0.5 at 24 and 48 h and not at 17 h."""
+    import numpy as np
+
+    def auc(x: np.ndarray, y: np.ndarray) -> float:
+        _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+        r = (np.cumsum(counts) - (counts - 1) / 2)[inv]
+        n1 = y.sum()
+        return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
+
+    print("| pool set | N | half | trace days | " + " | ".join(f"{h} h" for h in LAGS_H) + " |")
+    print("|" + "---|" * (4 + len(LAGS_H)))
+    for label, nodes, traces in pool_sets():
+        tr = align(traces)
+        n = min(t.steps for t in tr)
+        g = tr[0].gap_s
+        cells = []
+        for lag_h in LAGS_H:
+            lag = lag_h * 3600 // g
+            span = 3 * d // g
+            xs: list[float] = []
+            ys: list[bool] = []
+            for t in tr:
+                up = np.array([c >= nodes for c in t.counts[:n]])
+                done = np.concatenate([[0], np.cumsum(up)])
+                run = np.zeros(n, dtype=int)  # steps to the end of the window, from each step with spot
+                age = np.zeros(n, dtype=int)
+                for i in range(n - 1, -1, -1):
+                    run[i] = (run[i + 1] + 1 if i + 1 < n else 1) if up[i] else 0
+                for i in range(n):
+                    age[i] = (age[i - 1] + 1 if i else 1) if up[i] else 0
+                for i in range(lag, n, max(1, stride_s // g)):
+                    if not up[i] or (age[i] - 1) * g >= 3 * d or i + run[i] >= n:
+                        continue
+                    j = i - lag
+                    xs.append(float(done[j + span] - done[j]) / span)
+                    ys.append(run[i] * g >= 3 * d)
+            x, y = np.array(xs), np.array(ys)
+            cells.append(f"{auc(x, y):.2f} ({len(x)})" if 0 < y.sum() < len(y) else "-")
+        print(f"| {label} | {nodes} | {half_of(label)} | {n * g / 86400:.1f} | " + " | ".join(cells) + " |")
+
+
 class _Recorder:
     """Wraps a policy and keeps every answer with the time and how many pools
     had spot (the simulator asks again on every change, so an
@@ -262,6 +322,8 @@ def main() -> None:
     ap.add_argument("--base", default="gbroker", help="the policy the oracle falls back on (and is compared with)")
     ap.add_argument("--windows", action="store_true", help="print the window-length predictors and stop")
     ap.add_argument("--fit", action="store_true", help="fit gbroker's window predictor on half A, print it, stop")
+    ap.add_argument("--lags", action="store_true",
+                    help="print how well the same time a day (or other lag) earlier predicts a window's length, and stop")
     ap.add_argument("--decompose", action="store_true",
                     help="print where the policy's gap goes against the optimum's hours, per setting, and stop")
     a = ap.parse_args()
@@ -270,6 +332,9 @@ def main() -> None:
         return
     if a.fit:
         fit_window_model()
+        return
+    if a.lags:
+        lag_predictors()
         return
     if a.windows:
         window_predictors()
