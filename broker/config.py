@@ -113,7 +113,7 @@ class Settings:
     db_url: str = field(default_factory=default_db_url)
     socket: str = field(default_factory=default_socket_path)
     policy: str = "gbroker"
-    """Placement policy name (``gbroker simulate --help`` lists them)."""
+    """Placement policy name (``gbroker daemon --help`` lists them)."""
     tick_seconds: float = 15.0
     """How often the daemon reconciles with Slurm."""
     max_spot_reclaims: int = 3

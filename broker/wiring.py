@@ -16,6 +16,7 @@ import policies
 from broker import amount
 from broker.config import Settings
 from broker.db.engine import make_engine, session_factory
+from broker.errors import ConfigError
 from broker.caller import Handler
 from broker.jobs.handlers import handlers as job_handlers
 from broker.jobs.reconcile import reconcile
@@ -49,6 +50,10 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
 
 
 def make_policy(settings: Settings) -> policies.Policy:
+    """The placement policy ``policy`` names; an unknown name is a configuration error."""
+    if settings.policy not in policies.names():
+        raise ConfigError(f"unknown policy {settings.policy!r}",
+                          hint=f"set policy to one of: {', '.join(policies.names())}")
     if settings.policy == "simple":
         return policies.from_name("simple", max_spot_reclaims=settings.max_spot_reclaims)
     return policies.from_name(settings.policy)

@@ -179,9 +179,16 @@ def quota_list(ctx: Context, as_json: bool) -> None:
         return
     print_table(
         [[g["name"], f"{g['in_use_gpus']}/{_limit(g['max_gpus'])}",
-          f"{g['in_use_ondemand_gpus']}/{_limit(g['max_ondemand_gpus'])}"] for g in rows],
-        ["GROUP", "GPUS IN USE/MAX", "ON-DEMAND IN USE/MAX"],
+          f"{g['in_use_ondemand_gpus']}/{_limit(g['max_ondemand_gpus'])}", _limits_in_use(g)] for g in rows],
+        ["GROUP", "GPUS IN USE/MAX", "ON-DEMAND IN USE/MAX", "PER CLASS/TYPE IN USE/MAX"],
     )
+
+
+def _limits_in_use(group: dict[str, Any]) -> str:
+    """Each per-class and per-type limit with its use: 'spot=3/16 a100=0/8' ('-' for none)."""
+    used = group.get("in_use_by", {})
+    return " ".join(f"{key.partition(':')[2]}={used.get(key, 0)}/{value}"
+                    for key, value in group.get("limits", {}).items()) or "-"
 
 
 # -- price -----------------------------------------------------------------------------------

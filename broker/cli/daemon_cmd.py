@@ -8,16 +8,21 @@ import os
 import click
 
 from broker.cli.main import Context
+from policies import names as policy_names
 
 pass_ctx = click.make_pass_decorator(Context)
 
 
 @click.command("daemon")
-@click.option("--db", "db_url", metavar="URL", help="Database URL (sqlite:///PATH or postgresql://...).")
-@click.option("--policy", help="Placement policy name.")
-@click.option("--tick", "tick_seconds", type=float, help="Seconds between reconcile ticks [default 15].")
+@click.option("--db", "db_url", metavar="URL",
+              help="Database URL (sqlite:///PATH or postgresql://...), instead of the settings' db_url.")
+@click.option("--policy", metavar="NAME",
+              help=f"Placement policy, instead of the settings' policy: {', '.join(policy_names())}.")
+@click.option("--tick", "tick_seconds", type=float,
+              help="Seconds between reconcile ticks, instead of the settings' tick_seconds [default 15].")
 @click.option("--wait", "wait_for_lease", is_flag=True, help="If another daemon is active, wait to take over.")
-@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]),
+              help="Log lines at this level and above, to stderr (the journal under systemd).")
 @pass_ctx
 def daemon(
     ctx: Context,

@@ -17,6 +17,7 @@ import click
 
 from broker.errors import SpecError
 from broker.amount import MICROS_PER_UNIT
+from policies import names as policy_names
 
 
 def _hours_to_s(h: float, what: str, allow_zero: bool = False) -> int:
@@ -39,7 +40,8 @@ def _price(text: str, what: str) -> int:
 @click.option("--trace", "traces", multiple=True, required=True, metavar="PATH",
               help="Spot trace JSON file, or a folder searched for *.json. Repeat for more.")
 @click.option("--policy", "policy_list", default="greedy,uniform-progress,gbroker,omniscient",
-              show_default=True, metavar="NAME[,NAME...]", help="Policies to compare.")
+              show_default=True, metavar="NAME[,NAME...]",
+              help=f"Policies to compare, of: {', '.join(policy_names())}.")
 @click.option("--work-hours", type=float, default=48.0, show_default=True, help="W: hours of work.")
 @click.option("--deadline-hours", type=float, help="D: hours from submission to the deadline.")
 @click.option("--changeover-hours", type=float, default=0.2, show_default=True,
@@ -79,8 +81,6 @@ def simulate(
 ) -> None:
     """Compare placement policies on spot traces (costs, deadlines, spot and on-demand hours)."""
     from broker.sim.trace import load_traces
-    from policies import names as policy_names
-
     names = [n.strip() for n in policy_list.split(",") if n.strip()]
     unknown = [n for n in names if n.partition("@")[0] not in policy_names()]
     if unknown:

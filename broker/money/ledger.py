@@ -348,7 +348,7 @@ class BudgetPlan:
     statuses: list[B.BudgetStatus] = field(default_factory=list)
 
 
-def enforce_budgets(svc: Services, now: datetime, spawn: Any = None) -> BudgetPlan:
+def enforce_budgets(svc: Services, now: datetime) -> BudgetPlan:
     plan = BudgetPlan()
     with svc.tx() as s:
         _plan_budgets(s, svc, now, plan)
@@ -367,7 +367,7 @@ def enforce_budgets(svc: Services, now: datetime, spawn: Any = None) -> BudgetPl
             store.add_event(s, "budget_cancel", "running pieces cancelled: group spent 100 % of its budget "
                             f"(the running tasks of Slurm array {sid})", now=now, job_id=job_id)
     for alert, command, url in plan.alerts:
-        alerts.fire(alert, command, url, svc.settings.hook_user, spawn=spawn)
+        alerts.fire(alert, command, url)
     svc.crash.reach("ledger_before_hold")
     try:
         _act_on_slurm(svc, plan, hold_ids, now)

@@ -86,6 +86,29 @@ def _query(raw: str, allowed: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def read_proxy_secret(path: str) -> bytes:
+    """The secret in ``[web] proxy_secret_file``, a path the admin chose: a regular file
+    owned by the daemon's user and readable by it alone, of ``MIN_SECRET`` characters or
+    more, else a ConfigError saying how to make one."""
+    hint = f"create it readable by root alone ({PROXY_SECRET_HOWTO.replace('FILE', path)})"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"[web] proxy_secret_file {path}: {exc.strerror}", hint=hint) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ConfigError(f"[web] proxy_secret_file {path} is not a file only the daemon's user can read "
+                              f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
+                              hint=f"chown root {path}; chmod 600 {path}")
+        secret = os.read(fd, 4096).strip()
+    finally:
+        os.close(fd)
+    if len(secret) < MIN_SECRET:
+        raise ConfigError(f"[web] proxy_secret_file {path} holds under {MIN_SECRET} characters", hint=hint)
+    return secret
+
+
 class Dashboard:
     def __init__(self, svc: Services, ops: Mapping[str, Handler], caller_of: Callable[[int], Caller]) -> None:
         self.svc = svc
@@ -96,29 +119,12 @@ class Dashboard:
 
     # -- who -----------------------------------------------------------------------------------
     def proxy_secret(self) -> bytes:
-        """The proxy's secret, read once from ``[web] proxy_secret_file`` (a path the admin
-        chose; the daemon calls this at start, so a missing or readable-by-others file stops it)."""
+        """The proxy's secret, read once from ``[web] proxy_secret_file`` (the daemon calls
+        this at start, so a missing or readable-by-others file stops it)."""
         path = self.svc.settings.web.proxy_secret_file
-        if self._secret is not None and self._secret[0] == path:
-            return self._secret[1]
-        hint = f"create it readable by root alone ({PROXY_SECRET_HOWTO.replace('FILE', path)})"
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ConfigError(f"[web] proxy_secret_file {path}: {exc.strerror}", hint=hint) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                raise ConfigError(f"[web] proxy_secret_file {path} is not a file only the daemon's user can read "
-                                  f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o})",
-                                  hint=f"chown root {path}; chmod 600 {path}")
-            secret = os.read(fd, 4096).strip()
-        finally:
-            os.close(fd)
-        if len(secret) < MIN_SECRET:
-            raise ConfigError(f"[web] proxy_secret_file {path} holds under {MIN_SECRET} characters", hint=hint)
-        self._secret = (path, secret)
-        return secret
+        if self._secret is None or self._secret[0] != path:
+            self._secret = (path, read_proxy_secret(path))
+        return self._secret[1]
 
     def _proxy_caller(self, headers: Mapping[str, str]) -> Caller | None:
         name_header = self.svc.settings.web.trust_proxy_header

@@ -480,6 +480,15 @@ def test_quota_per_capacity_class_counts_where_the_policy_placed_the_job(world: 
     world.submit(gpus=2, time="1h", interruptible=False)  # on-demand: not limited by the spot limit
     listed = {q["name"]: q for q in ops["quota_list"](ROOT, {})}["vision"]
     assert listed["in_use_by"] == {"class:ondemand": 2, "class:spot": 4}
+    from click.testing import CliRunner
+
+    from broker.cli import main as cli_main
+
+    with pytest.MonkeyPatch.context() as mp:  # the table shows each limit against its use
+        mp.setattr(cli_main.Context, "call", lambda self, op, repeatable=False, **a: ops[op](ROOT, a))
+        r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", "quota", "list"])
+    assert r.exit_code == 0 and "PER CLASS/TYPE IN USE/MAX" in r.output, r.output
+    assert [line.split()[-1] for line in r.output.splitlines() if line.startswith("vision")] == ["spot=4/4"], r.output
     # None removes the limit; a wrong key is refused by name.
     assert ops["quota_set"](ROOT, {"group": "vision", "limits": {"class:spot": None}})["limits"] == {}
     world.submit(gpus=1, time="1h")

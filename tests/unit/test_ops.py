@@ -23,7 +23,7 @@ from prometheus_client import generate_latest
 from sqlalchemy import select
 
 from broker.cli.main import cli
-from broker.config import load_settings
+from broker.config import Settings, load_settings
 from broker.db.ops_models import OutboxMessage
 from broker.errors import ConfigError
 from broker.ops import outbox, systemd
@@ -440,6 +440,57 @@ def test_a_bad_config_says_what_is_wrong_and_how_to_fix_it(tmp_path: Path, text:
     assert f"gbroker: error: {tmp_path / 'gbroker.toml'}: " in r.output and error in r.output, r.output
     if hint:
         assert "hint: " in r.output and hint in r.output, r.output
+
+
+@pytest.mark.parametrize(("text", "error", "hint"), [
+    ('policy = "nosuch"\n', "unknown policy 'nosuch'", "set policy to one of: gbroker, gbroker-markov, gepa"),
+    ('node_provider = "gcp"\n', "unknown node provider 'gcp'", "valid providers: aws, command, local"),
+    ('node_provider = "command"\n[providers.command]\nresume = ["/bin/true"]\nsuspend = ["/bin/true"]\n'
+     'colour = "red"\n', "bad settings for node provider 'command': unknown setting(s) colour", "accepted settings:"),
+])
+def test_config_check_checks_what_the_daemon_checks_at_start(tmp_path: Path, text: str, error: str,
+                                                             hint: str) -> None:
+    r = _check(tmp_path, text)
+    assert r.exit_code == ConfigError.exit_code, r.output
+    assert f"gbroker: error: {error}" in r.output and f"hint: {hint}" in r.output, r.output
+
+
+def test_a_daemon_with_an_unknown_policy_stops_with_a_configuration_error() -> None:
+    from broker.wiring import make_policy
+
+    with pytest.raises(ConfigError, match="unknown policy 'nosuch'") as info:
+        make_policy(Settings(policy="nosuch"))
+    assert "uniform-progress" in (info.value.hint or "")
+
+
+PROXIED = '[metrics]\nlisten = "127.0.0.1:9464"\n[web]\ntrust_proxy_header = "X-Forwarded-User"\nproxy_secret_file = "{}"\n'
+
+
+def test_config_check_reads_the_proxy_secret_as_root_and_says_so_when_it_cannot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "proxy-secret"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    r = _check(tmp_path, PROXIED.format(secret))
+    assert r.exit_code == ConfigError.exit_code and f"proxy_secret_file {secret}: No such file" in r.output, r.output
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = _check(tmp_path, PROXIED.format(secret))
+    assert r.exit_code == 0, r.output
+    assert f"note: [web] proxy_secret_file {secret} not checked" in r.output and "run gbroker config check as root" \
+        in r.output, r.output
+
+
+def test_config_check_without_a_file_runs_on_defaults_as_the_daemon_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.config
+
+    missing = tmp_path / "none.toml"
+    monkeypatch.setattr(broker.config, "DEFAULT_CONFIG_PATH", missing)
+    r = CliRunner().invoke(cli, ["config", "check"], env={"GBROKER_CONFIG": None, "GBROKER_DB_URL": ""})
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == f"{missing}: ok (no such file: defaults and environment only)"
+    for named in (["config", "check", str(missing)], ["--config", str(missing), "config", "check"]):
+        r = CliRunner().invoke(cli, named, env={"GBROKER_CONFIG": None, "GBROKER_DB_URL": ""})
+        assert r.exit_code == ConfigError.exit_code and f"config file {missing} does not exist" in r.output, r.output
 
 
 def test_a_remote_listener_must_be_asked_for(tmp_path: Path) -> None:

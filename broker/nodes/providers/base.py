@@ -411,6 +411,12 @@ def from_name(name: str, **settings: Any) -> Provider:
     Unknown settings are an error naming the accepted ones, so a typo in the
     configuration file does not silently fall back to a default.
     """
+    return checked_class(name, settings)(**settings)
+
+
+def checked_class(name: str, settings: dict[str, Any]) -> type[Provider]:
+    """The class registered under ``name``, once ``settings`` name only what it accepts
+    and everything it needs (``gbroker config check`` stops here: nothing is built)."""
     cls = provider_class(name)
     params = inspect.signature(cls.__init__).parameters
     accepted = [p for p in params if p != "self"]
@@ -433,4 +439,4 @@ def from_name(name: str, **settings: Any) -> Provider:
             f"bad settings for node provider {name!r}: {'; '.join(problems)}",
             hint=f"accepted settings: {', '.join(accepted)}",
         )
-    return cls(**settings)
+    return cls
