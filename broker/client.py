@@ -515,6 +515,9 @@ class Client:
         Without one a key is made here, so a retry after a lost answer (a daemon restart)
         still names the same job.
         """
+        if key is not None and not key.strip():
+            raise SpecError("the idempotency key is empty (an unset variable in --key \"$KEY\"?)",
+                            hint="give a key (gb- and 8-40 lower-case letters or digits), or leave --key out")
         log = _own_log(spec)
         try:
             answer = self.call("submit", repeatable=True, spec=spec, key=key or new_key(),

@@ -7,13 +7,12 @@ The file is TOML (``/etc/gbroker/gbroker.toml`` or ``$GBROKER_CONFIG``)::
     policy = "gbroker"
     tick_seconds = 15
     admin_group = "gbroker-admin"
-
-    [partitions]            # capacity type -> Slurm partition
-    spot = "spot"
-    ondemand = "ondemand"
-
     node_idle_seconds = 600  # node manager (docs/NODES.md)
     node_provider = "aws"
+
+    [partitions]            # capacity type -> Slurm partition (two pools)
+    spot = "spot"
+    ondemand = "ondemand"
 
     [nodes.spot]            # per managed partition; all keys optional
     idle_seconds = 300
@@ -22,15 +21,17 @@ The file is TOML (``/etc/gbroker/gbroker.toml`` or ``$GBROKER_CONFIG``)::
     capacity = "spot"
     instance_type = "g5.xlarge"
 
-    [pools.a100-spot]       # the pool catalog (docs/POOLS.md); replaces [partitions]
+    [providers.aws]         # keyword arguments of the provider (docs/PROVIDERS.md)
+    region = "eu-west-1"
+    cluster_name = "lab"
+
+or, instead of ``[partitions]`` and ``[nodes.*]``, the pool catalog (docs/POOLS.md)::
+
+    [pools.a100-spot]
     partition = "spot"
     capacity = "spot"
     gpu_type = "a100"
     gpu_mem_gb = 80
-
-    [providers.aws]         # keyword arguments of the provider (docs/PROVIDERS.md)
-    region = "eu-west-1"
-    cluster_name = "lab"
 
 This module imports only the standard library: the CLI loads it on every call.
 """
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -49,6 +51,7 @@ from typing import Any
 from broker.errors import ConfigError
 from broker.opsconfig import MetricsSettings, NotifySettings, WebSettings, parse_metrics, parse_notify, parse_web
 from broker.pools.catalog import CLASSES, Billing, Catalog, Pool, check_unique, legacy_pools, parse_pools
+from broker.pools.catalog import NAME_RE as POOL_NAME_RE
 
 DEFAULT_CONFIG_PATH = Path("/etc/gbroker/gbroker.toml")
 
@@ -265,6 +268,14 @@ AT_LEAST_ZERO = ("max_spot_reclaims", "node_idle_seconds", "node_sweep_grace_sec
 """Number settings that may be 0; every other one must be above 0 (a period, a timeout, a size)."""
 
 
+MAX_NUMBER = 10**9
+"""The largest number setting (seconds, counts): a billion seconds is 31 years, so anything
+larger is a typo, and would overflow the scheduler's timers."""
+
+_NUMBER_TEXT = {"int": re.compile(r"[0-9]+"), "float": re.compile(r"[0-9]+(\.[0-9]+)?")}
+"""A number in an environment variable: ASCII digits, no sign, exponent, '_' or spaces."""
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     kinds = {f.name: f.type for f in fields(Settings)}
     kind = kinds[name]
@@ -273,13 +284,19 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if kind in ("float", "int"):
             if isinstance(value, bool):
                 raise ValueError
+            if isinstance(value, str):
+                if source not in ("environment", "command line"):
+                    raise ConfigError(f"{source}: {name} = {value!r} is a string, not a {kind_words}",
+                                      hint=f"write it without quotes: {name} = {value.strip()}")
+                if not _NUMBER_TEXT[str(kind)].fullmatch(value):
+                    raise ValueError
             number = float(value) if kind == "float" else _whole_number(value)
             if not math.isfinite(number):
                 raise ValueError
             zero_ok = name in AT_LEAST_ZERO
-            if number < 0 or (number == 0 and not zero_ok):
-                raise ConfigError(f"{source}: {name} = {value!r} must be {'0 or more' if zero_ok else 'above 0'}",
-                                  hint=f"fix {name} in {source}")
+            if number < 0 or (number == 0 and not zero_ok) or number > MAX_NUMBER:
+                raise ConfigError(f"{source}: {name} = {value!r} must be {'0 or more' if zero_ok else 'above 0'}"
+                                  f" and at most {MAX_NUMBER:,}", hint=f"fix {name} in {source}")
             return number
         if not isinstance(value, str):
             raise ValueError
@@ -314,13 +331,13 @@ def _node_partitions(value: Any, source: str) -> tuple[NodePartition, ...]:
             )
         try:
             idle = table.get("idle_seconds")
-            idle = None if idle is None else float(idle)
             warm = table.get("warm_min", 0)
             if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
                 raise ValueError("warm_min must be a whole number >= 0")
             if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float))
-                                     or not math.isfinite(idle) or idle < 0):
-                raise ValueError(f"idle_seconds must be a number of seconds >= 0, got {idle!r}")
+                                     or not math.isfinite(idle) or idle < 0 or idle > MAX_NUMBER):
+                raise ValueError(f"idle_seconds must be a number of seconds from 0 to {MAX_NUMBER:,}, got {idle!r}")
+            idle = None if idle is None else float(idle)
             price = table.get("price_per_node_hour")
             if price is not None:
                 from broker.amount import parse_money
@@ -350,9 +367,13 @@ def _providers(value: Any, source: str) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+TABLES = ("pools", "partitions", "nodes", "providers", "metrics", "notify", "web")
+"""The settings file's tables (each parsed by its own reader below)."""
+
+
 def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     known = {f.name for f in fields(Settings)} - {"node_partitions", "node_provider_settings", "pools",
-                                                  "metrics", "notify", "web"}
+                                                  "metrics", "notify", "web", "spot_partition", "ondemand_partition"}
     out: dict[str, Any] = {}
     if "pools" in data and "partitions" in data:
         raise ConfigError(f"{source}: [pools] and [partitions] both map partitions",
@@ -390,7 +411,10 @@ def _from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         if key not in known:
             raise ConfigError(
                 f"{source}: unknown setting {key!r}",
-                hint="known settings: " + ", ".join(sorted(known)),
+                hint=('write [partitions] spot = "..." / ondemand = "...", or [pools.<name>] tables'
+                      if key in ("spot_partition", "ondemand_partition") else
+                      "known settings: " + ", ".join(sorted(known)) + "; tables: "
+                      + ", ".join(f"[{t}]" for t in TABLES)),
             )
         out[key] = _coerce(key, value, source)
     if "slurm_bin_dir" in out and not str(out["slurm_bin_dir"]).startswith("/"):
@@ -425,7 +449,7 @@ def load_settings(
     """Resolve the settings once: defaults < file < environment < flags."""
     env = os.environ if env is None else env
     settings = Settings()
-    file_path = Path(path) if path else Path(env.get("GBROKER_CONFIG", DEFAULT_CONFIG_PATH))
+    file_path = Path(path) if path else Path(env.get("GBROKER_CONFIG") or DEFAULT_CONFIG_PATH)  # empty: unset
     if file_path.exists():
         try:
             data = tomllib.loads(file_path.read_text())
@@ -477,6 +501,14 @@ def _check_capacities(settings: Settings) -> None:
                     hint=f"move its keys (idle_seconds, warm_min, ...) into [pools.{pool.name}] and drop [nodes.{rule.name}]",
                 )
         return
+    for cap in ("spot", "ondemand"):
+        part = getattr(settings, f"{cap}_partition")
+        if not POOL_NAME_RE.fullmatch(part):
+            raise ConfigError(f"[partitions] {cap} = {part!r} is not a Slurm partition name",
+                              hint="letters, digits, '.', '_' and '-', starting with a letter or digit")
+    if settings.spot_partition == settings.ondemand_partition:
+        raise ConfigError(f"[partitions] names {settings.spot_partition!r} for both spot and on-demand",
+                          hint="on-demand jobs would run on spot nodes: give each its own partition")
     for rule in settings.node_partitions:
         named = {settings.spot_partition: "spot", settings.ondemand_partition: "ondemand"}.get(rule.name)
         if rule.capacity is not None and named is not None and rule.capacity != named:

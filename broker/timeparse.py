@@ -47,6 +47,10 @@ def parse_when(text: str, now: datetime, *, end_of_day: bool = False, tz: tzinfo
                 if end_of_day:
                     d += timedelta(days=1)  # the next day's midnight, in the zone (a day may be 23 or 25 h)
                 return datetime(d.year, d.month, d.day, tzinfo=tz)
+        sep = 10 if t[4:5] == "-" else 8  # 2026-09-01T08:00 or the compact 20260901T0800
+        if len(t) > sep and t[sep] not in "Tt ":
+            # Python reads any character there as the separator: 2026-12-31+02:00 would be 02:00.
+            raise ValueError(f"{text!r}: a date and a time are joined by 'T' or a space")
         when = datetime.fromisoformat(t)
     except OverflowError:
         raise ValueError(f"{text!r} is out of range") from None

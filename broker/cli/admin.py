@@ -199,10 +199,12 @@ def price() -> None:
 
 @price.command("set")
 @click.argument("partition")
-@click.option("--capacity", type=click.Choice(["owned", "reserved", "spot", "ondemand"]), required=True)
+@click.option("--capacity", type=click.Choice(["owned", "reserved", "spot", "ondemand"]), required=True,
+              help="The capacity class the price is for.")
 @click.option("--price", "amount", required=True, metavar="AMOUNT", help="Per GPU-hour, e.g. 0.918.")
 @click.option("--from", "effective", default="now", show_default=True, metavar="WHEN",
-              help="When it takes effect: 2026-09-01, 2026-09-01T08:00:00Z, now, +10m.")
+              help="When it takes effect: 2026-09-01, 2026-09-01T08:00:00Z, now, +10m (a date or a time "
+                   "without an offset is UTC).")
 @json_option
 @pass_ctx
 def price_set(ctx: Context, partition: str, capacity: str, amount: str, effective: str, as_json: bool) -> None:
@@ -262,12 +264,14 @@ def budget() -> None:
 @budget.command("set")
 @click.argument("group_name", metavar="GROUP")
 @click.option("--semester", "semester_name", required=True, help="Semester name, e.g. 2026-fall.")
-@click.option("--amount", metavar="AMOUNT", help="Budget, e.g. 12000 or 12000.50.")
-@click.option("--thresholds", metavar="PCTS", help="Alert at these percentages of spend [default 50,80,100].")
+@click.option("--amount", metavar="AMOUNT", help="Budget, e.g. 12000 or 12000.50 (needed for a new budget).")
+@click.option("--thresholds", metavar="PCTS",
+              help="Alert at these percentages of spend [new budget: 50,80,100].")
 @click.option("--at-limit-pending", type=click.Choice(["hold", "keep"]),
-              help="At the limit: hold pending jobs in Slurm (released when raised) or keep them queued.")
+              help="At the limit: hold pending jobs in Slurm (released when raised) or keep them queued "
+                   "[new budget: hold].")
 @click.option("--at-limit-running", type=click.Choice(["finish", "cancel"]),
-              help="At 100 % spent: let running jobs finish, or cancel them.")
+              help="At 100 % spent: let running jobs finish, or cancel them [new budget: finish].")
 @click.option("--alert-command", metavar="COMMAND",
               help="Run on an alert (absolute path and arguments; details on stdin as JSON). '' clears it.")
 @click.option("--alert-url", metavar="URL", help="POST alerts as JSON to this URL. '' clears it.")
@@ -280,7 +284,8 @@ def budget_set(
 ) -> None:
     """Set or change a budget, e.g. `gbroker budget set vision --semester 2026-fall --amount 12000`.
 
-    New submissions that would pass the budget are always refused.
+    New submissions that would pass the budget are always refused. On an existing budget an option left
+    out stays as it was.
     """
     args: dict[str, Any] = {"group": group_name, "semester": semester_name, "amount": amount,
                             "thresholds": thresholds, "alert_url": alert_url}
@@ -327,15 +332,19 @@ def budget_show(ctx: Context, semester_name: str | None, window_days: float, as_
 @click.option("--semester", "semester_name", help="Only this semester.")
 @click.option("--group", "group_name", help="Only this group.")
 @click.option("--job", "job_id", type=int, help="Only this gbroker job.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+              help="A table to read, CSV for a spreadsheet, or JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @pass_ctx
 def budget_ledger(ctx: Context, semester_name: str | None, group_name: str | None, job_id: int | None,
-                  fmt: str) -> None:
+                  fmt: str, as_json: bool) -> None:
     """The ledger lines themselves: one per run and price period (yours; admins: all)."""
     from broker.report.render import ledger_csv, ledger_table
 
+    if as_json and fmt not in ("table", "json"):
+        raise SpecError(f"--json and --format {fmt} ask for two formats", hint="give one of them")
     lines = ctx.call("ledger", semester=semester_name, group=group_name, job_id=job_id)
-    if fmt == "json":
+    if fmt == "json" or as_json:
         print_json(lines)
     elif fmt == "csv":
         click.echo(ledger_csv(lines), nl=False)

@@ -20,6 +20,17 @@ KINDS = ("render", "simulation", "finetune", "other")
 CHECKPOINT_STYLES = ("signal", "pieces", "none")
 
 
+def _file_path(path: str, base: str, what: str) -> str:
+    """A path the job file names: ``~`` is your home, a relative path is from the job file's folder
+    (``base``); an empty one, or one with a shell variable (nothing expands them here), is refused."""
+    if not path.strip():
+        raise SpecError(f"{what} is empty in the job file", hint=f"give the {what}'s path, or leave the key out")
+    if "$" in path:
+        raise SpecError(f"{what}: {path!r} holds a shell variable, and nothing expands it",
+                        hint=f"write the path itself, e.g. {what.split()[0]} = \"~/...\" or an absolute path")
+    return os.path.join(base, os.path.expanduser(path))
+
+
 def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
     """Merge a TOML job file with flags (flags win) into the fields the daemon checks.
 
@@ -38,11 +49,11 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
         data = load_job_file(job_file)
         base = os.path.dirname(os.path.realpath(job_file))
         script = data.get("script")
-        if isinstance(script, str) and "\n" not in script and not os.path.isabs(script):
-            data["script"] = os.path.join(base, script)
+        if isinstance(script, str) and "\n" not in script:
+            data["script"] = _file_path(script, base, "script")
         sweep = data.get("sweep")
-        if isinstance(sweep, str) and not os.path.isabs(sweep):
-            data["sweep"] = os.path.join(base, sweep)
+        if isinstance(sweep, str):
+            data["sweep"] = _file_path(sweep, base, "sweep")
     for key, value in flags.items():
         if value is None:
             continue
@@ -50,6 +61,8 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             section = data.get("checkpoint") or {}
             section = {"style": section} if isinstance(section, str) else dict(section)
             if key == "checkpoint_dir":
+                if not value.strip():
+                    raise SpecError("--checkpoint-dir is empty", hint="give the folder the job saves in")
                 section["dir"] = os.path.abspath(os.path.expanduser(value))  # a flag: from where you are
                 if "style" not in section and not flags.get("checkpoint_style"):
                     section["style"] = "signal"  # --checkpoint-dir alone: the program saves on SIGUSR1
@@ -92,8 +105,8 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             hint="run gbroker submit from a directory of yours, or set workdir in the job file",
         )
     ck = data.get("checkpoint")
-    if isinstance(ck, dict) and isinstance(ck.get("dir"), str) and not os.path.isabs(ck["dir"]):
-        ck["dir"] = os.path.join(base, ck["dir"])  # the job file's own value: from the job file's folder
+    if job_file and isinstance(ck, dict) and isinstance(ck.get("dir"), str) and flags.get("checkpoint_dir") is None:
+        ck["dir"] = _file_path(ck["dir"], base, "checkpoint dir")  # the job file's own value
     if not job_file and "script" not in data and "sweep" not in data:
         if "name" not in data:  # named here as the parser would: the log this client makes carries it
             from broker.jobname import DEFAULT_KIND, default_name
@@ -159,7 +172,7 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
     Examples:
       gbroker submit job.toml
       gbroker submit --group vision --gpus 2 --time 4h --checkpoint-dir ~/ck -- python train.py
-      gbroker submit --kind render --no-interruptible --group climate --script render.sh
+      gbroker submit --kind render --no-interruptible --group climate --time 2h --script render.sh
 
     Put the command after `--`. Flags override the job file.
 
@@ -172,7 +185,7 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
     """
     job_file = None
     command = args
-    if args and args[0].endswith(".toml"):
+    if args and args[0].lower().endswith(".toml"):
         job_file, command = args[0], args[1:]
         if not os.path.isfile(job_file):
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
@@ -259,7 +272,7 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 @click.option("--follow", is_flag=True, help="Then follow it until it ends, as `gbroker watch`.")
 @pass_ctx
 def show(ctx: Context, job_id: int, as_json: bool, follow: bool) -> None:
-    """Show one job: its spec, attempts and recent events."""
+    """Show one job: its state, placement, log, attempts and recent events (all its fields with --json)."""
     job = client_of(ctx).show(job_id)
     if follow:
         _show(job, as_json)

@@ -95,7 +95,8 @@ def _unavailable(name: str, why: str) -> click.Command:
     "socket_path",
     envvar="GBROKER_SOCKET",
     metavar="PATH",
-    help="The daemon's UNIX socket [env GBROKER_SOCKET; default from the config file].",
+    help="The daemon's UNIX socket [env GBROKER_SOCKET; default: the settings' socket, else /run/gbroker/gbroker.sock "
+         "when that daemon runs or you are root, else $XDG_RUNTIME_DIR/gbroker.sock].",
 )
 @click.option(
     "--config",

@@ -146,8 +146,9 @@ def node_list(ctx: Context, as_json: bool) -> None:
 
 
 @node.command("report")
-@click.option("--since", metavar="WHEN", help="Start: 2026-09-01, an ISO time, or -7d/-12h.")
-@click.option("--until", metavar="WHEN", help="End (default now).")
+@click.option("--since", metavar="WHEN",
+              help="Start: 2026-09-01, an ISO time, or -7d/-12h (a date or a time without an offset is UTC).")
+@click.option("--until", metavar="WHEN", help="End, in the same forms (default now).")
 @json_option
 @pass_ctx
 def report(ctx: Context, since: str | None, until: str | None, as_json: bool) -> None:

@@ -15,7 +15,8 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.option("--semester", "semester_name", help="Semester [default: the one in force].")
 @click.option("--by", type=click.Choice(["group", "user", "kind", "partition", "pool", "gpu"]), default="group",
               show_default=True, help="Rows per group, user, job kind, Slurm partition, pool, or GPU type.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
+              help="A table to read, CSV for a spreadsheet, or JSON (as --json).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), metavar="FILE.png",
               help="Also draw the budget burn-down per group, with the forecast, into FILE.png.")

@@ -43,7 +43,8 @@ def _price(text: str, what: str) -> int:
               show_default=True, metavar="NAME[,NAME...]",
               help=f"Policies to compare, of: {', '.join(policy_names())}.")
 @click.option("--work-hours", type=float, default=48.0, show_default=True, help="W: hours of work.")
-@click.option("--deadline-hours", type=float, help="D: hours from submission to the deadline.")
+@click.option("--deadline-hours", type=float,
+              help="D: hours from submission to the deadline (needed except with --workload).")
 @click.option("--changeover-hours", type=float, default=0.2, show_default=True,
               help="d: hours lost each time the job starts on a new instance (incl. work since the last checkpoint).")
 @click.option("--spot-price", default="0.918", show_default=True, help="USD per instance-hour on spot.")
@@ -79,8 +80,25 @@ def simulate(
     workload: str | None,
     as_json: bool,
 ) -> None:
-    """Compare placement policies on spot traces (costs, deadlines, spot and on-demand hours)."""
+    """Compare placement policies on spot traces (costs, deadlines, spot and on-demand hours).
+
+    Three modes: one job on each trace (the default; needs --deadline-hours), one job over several
+    pools (--pools), and a file of jobs on one trace (--workload). An option that the chosen mode does
+    not use is refused rather than ignored.
+    """
     from broker.sim.trace import load_traces
+
+    mode = "--workload" if workload else "--pools" if pools else None
+    unused = {"--workload": ("work_hours", "deadline_hours", "nodes", "starts", "workers", "pools",
+                             "oracle_trace_prices"),
+              "--pools": ("oracle_trace_prices",)}.get(mode or "", ())
+    ctx = click.get_current_context()
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name in unused and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: not used with {mode}; leave {'it' if len(given) == 1 else 'them'}"
+                               f" out" + (" (each job of the file has its own size and deadline)"
+                                          if mode == "--workload" else ""))
     names = [n.strip() for n in policy_list.split(",") if n.strip()]
     unknown = [n for n in names if n.partition("@")[0] not in policy_names()]
     if unknown:

@@ -100,7 +100,7 @@ def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False
 
 
 def _name(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise SpecError(f"{field}: {value!r} is not a valid name",
                         hint="letters, digits, '.', '_' and '-', at most 64, starting with a letter or digit")
     return value

@@ -31,7 +31,8 @@ class GpuRequest:
 
 def fits(pool: Pool, req: GpuRequest, max_nodes: int | None = None) -> str | None:
     """None when ``pool`` can hold ``req``, else why not (one short sentence)."""
-    if req.gpu_types and pool.gpu_type not in req.gpu_types:
+    if req.gpu_types and (pool.gpu_type or "").lower() not in {t.lower() for t in req.gpu_types}:
+        # Any spelling of the type: sbatch is given the pool's own (gres_type_for).
         have = pool.gpu_type or "untyped GPUs"
         return f"has {have}, the job asks for {' or '.join(req.gpu_types)}"
     if req.gpu_mem_gb is not None:

@@ -234,7 +234,7 @@ def render_batch_script(
         ]
         argv = []
     job = str(job_id)
-    if not _JOB_ID.match(job):
+    if not _JOB_ID.fullmatch(job):
         raise SpecError(f"not a gbroker job id: {job!r}")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         raise SpecError(f"attempt must be a non-negative integer, got {attempt!r}")

@@ -212,6 +212,11 @@ def test_workload_mode(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("kind,work_hours\nrender,abc\n")
     bad = CliRunner().invoke(simulate_cmd, ["--trace", str(tmp_path / "cap.json"), "--workload", str(tmp_path / "bad.csv")])
     assert bad.exit_code != 0 and "work_hours" in bad.output
+    # Options the workload mode does not use are refused, not ignored.
+    ignored = CliRunner().invoke(simulate_cmd, ["--trace", str(tmp_path / "cap.json"), "--workload",
+                                                str(tmp_path / "jobs.json"), "--nodes", "4", "--deadline-hours", "9"])
+    assert ignored.exit_code == 2 and "--deadline-hours, --nodes: not used with --workload" in ignored.output, \
+        ignored.output
 
 
 def test_feed_reports_only_completed_past_runs() -> None:

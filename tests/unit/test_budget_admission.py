@@ -555,9 +555,12 @@ def test_cli_input_that_cannot_be_read_gets_a_message_not_a_traceback(world: Wor
     for args, words in ((["budget", "set", "vision", "--semester", "2026-fall", "--amount", "10", "--alert-command",
                           '"/usr/bin/notify'], "cannot be split into arguments"),
                         (["quota", "set", "vision", "--gpus", "\u00b2"], "expected a number of GPUs"),
-                        (["report", "--json", "--format", "csv"], "--json and --format csv ask for two formats")):
+                        (["report", "--json", "--format", "csv"], "--json and --format csv ask for two formats"),
+                        (["budget", "ledger", "--json", "--format", "csv"], "--json and --format csv ask for two")):
         r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", *args])
         assert r.exit_code == 2 and "gbroker: error:" in r.output and words in r.output, (args, r.output)
+    r = CliRunner().invoke(cli_main.cli, ["--socket", "/nonexistent.sock", "budget", "ledger", "--json"])
+    assert r.exit_code == 0 and isinstance(json.loads(r.output), list), r.output
 
 
 def test_a_type_limit_is_removed_however_it_was_spelled_and_for_a_type_no_pool_has(world: World) -> None:
@@ -581,3 +584,14 @@ def test_admin_lists_must_be_names_and_a_csv_column_without_a_name_is_shown(worl
     text = "partition,capacity,price_per_gpu_hour,effective_from,\nspot,spot,1.0,2027-03-01,\n"
     with pytest.raises(SpecError, match="unknown column\\(s\\) ''"):
         ops["price_import"](ROOT, {"csv_text": text})
+
+
+def test_an_admin_name_with_a_trailing_newline_is_refused(world: World) -> None:
+    """``$`` matches before a final newline: a group "robots\\n" would never match its Slurm account."""
+    ops = world.ops()
+    for op, args in (("group_add", {"name": "robots\n"}), ("group_add", {"name": "robots", "members": ["dave\n"]}),
+                     ("group_members", {"name": "vision", "add": ["carol\n"]})):
+        with pytest.raises(SpecError, match="is not a valid name"):
+            ops[op](ROOT, args)
+    names = [g["name"] for g in ops["group_list"](ROOT, {})]
+    assert not any(n.startswith("robots") for n in names), names

@@ -46,6 +46,15 @@ def _spec(workdir: Path, **kw: Any) -> dict[str, Any]:
     return {**job_spec(**kw), "workdir": str(workdir)}
 
 
+def test_an_empty_key_is_refused_not_replaced(daemon: tuple[World, Client], tmp_path: Path) -> None:
+    """--key "$KEY" with KEY unset: a fresh key would make a second job on every retry."""
+    world, client = daemon
+    for empty in ("", "  "):
+        with pytest.raises(SpecError, match="the idempotency key is empty"):
+            client.submit(_spec(tmp_path, name="train"), key=empty)
+    assert client.status() == [] and not list(tmp_path.glob("gbroker-*.out"))
+
+
 def test_submit_status_show_cancel_through_the_socket(daemon: tuple[World, Client], tmp_path: Path) -> None:
     world, client = daemon
     key = new_key()

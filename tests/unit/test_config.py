@@ -28,7 +28,17 @@ def test_file_then_env_then_flags(tmp_path):
      ("tick_seconds = true\n", "is not a valid number"), ("lease_ttl_seconds = 0\n", "must be above 0"),
      ("max_spot_reclaims = 2.9\n", "is not a valid whole number"), ("max_nodes = -3\n", "must be above 0"),
      ("max_spot_reclaims = -1\n", "must be 0 or more"),
-     ("[nodes.spot]\nidle_seconds = nan\n", "idle_seconds must be a number of seconds")],
+     ("[nodes.spot]\nidle_seconds = nan\n", "idle_seconds must be a number of seconds"),
+     ("[nodes.spot]\nidle_seconds = true\n", "idle_seconds must be a number of seconds"),
+     ("[nodes.spot]\nidle_seconds = '600'\n", "idle_seconds must be a number of seconds"),
+     ("tick_seconds = '15'\n", "tick_seconds = '15' is a string, not a number"),
+     ("max_nodes = '3'\n", "write it without quotes: max_nodes = 3"),
+     ("tick_seconds = 1e308\n", "at most 1,000,000,000"),
+     ("[partitions]\nspot = 'spot'\nondemand = 'spot'\n", "names 'spot' for both spot and on-demand"),
+     ("[partitions]\nspot = 'my spot'\n", "spot = 'my spot' is not a Slurm partition name"),
+     ("[partitions]\nondemand = ''\n", "ondemand = '' is not a Slurm partition name"),
+     ("spot_partition = 'cheap'\n", "unknown setting 'spot_partition'"),
+     ("[metric]\nlisten = '127.0.0.1:1'\n", "tables: [pools], [partitions], [nodes]")],
 )
 def test_bad_config_says_what_is_wrong(tmp_path, text, fragment):
     f = tmp_path / "g.toml"
@@ -78,3 +88,26 @@ def test_a_backend_asked_for_libslurm_where_it_cannot_be_had_refuses_to_start():
     assert CliBackend(OtherRelease(), submit_with="auto").native is None
     with pytest.raises(ConfigError, match="unknown way to submit"):
         CliBackend(OtherRelease(), submit_with="pigeon")
+
+
+@pytest.mark.parametrize("text", ["1e3", "1_000", "\u0661\u0665", " 5 ", "+5", "0x10", "5."])
+def test_a_number_in_the_environment_is_plain_ascii_digits(text):
+    with pytest.raises(ConfigError, match="GBROKER|tick_seconds"):
+        load_settings(env={"GBROKER_CONFIG": "/nonexistent/g.toml", "GBROKER_TICK_SECONDS": text})
+
+
+def test_numbers_in_the_environment_are_read():
+    env = {"GBROKER_CONFIG": "/nonexistent/g.toml", "GBROKER_TICK_SECONDS": "7.5", "GBROKER_MAX_SPOT_RECLAIMS": "4"}
+    s = load_settings(env=env)
+    assert (s.tick_seconds, s.max_spot_reclaims) == (7.5, 4)
+
+
+def test_an_empty_variable_counts_as_unset(tmp_path, monkeypatch):
+    import broker.config
+
+    monkeypatch.setattr(broker.config, "DEFAULT_CONFIG_PATH", tmp_path / "default.toml")  # absent
+    f = tmp_path / "g.toml"
+    f.write_text('db_url = "sqlite:////srv/gb.db"\n')
+    s = load_settings(f, env={"GBROKER_DB_URL": "", "GBROKER_TICK_SECONDS": ""})
+    assert (s.db_url, s.tick_seconds) == ("sqlite:////srv/gb.db", 15.0)
+    assert load_settings(env={"GBROKER_CONFIG": ""}).policy == "gbroker"  # not "cannot read ."

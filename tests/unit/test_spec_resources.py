@@ -74,6 +74,9 @@ def test_the_request_fits_pools_by_type_and_memory() -> None:
     assert fits(Pool("a", "p", "spot", gpu_type="a100", gpu_mem_gb=80), req) is None
     assert "l40s" in (fits(Pool("l", "p", "spot", gpu_type="l40s", gpu_mem_gb=48), req) or "")
     assert "40 GB" in (fits(Pool("s", "p", "spot", gpu_type="a100", gpu_mem_gb=40), req) or "")
+    # A type in any spelling: sbatch gets the pool's own (gres_type_for).
+    assert fits(Pool("a", "p", "spot", gpu_type="a100", gpu_mem_gb=80), parse(job(gpu="A100")).gpu_request()) is None
+    assert fits(Pool("a", "p", "spot", gpu_type="A100"), parse(job(gpu="a100")).gpu_request()) is None
 
 
 @pytest.mark.parametrize("written,mb", [
@@ -371,6 +374,17 @@ def test_an_indented_line_in_the_header_is_refused_because_sbatch_reads_a_commen
     assert "script: line 2: '#SBATCH --mem=1G' does not start at the beginning of the line" in text
 
 
+@pytest.mark.parametrize("line", ["#sbatch --mem=16G", "# SBATCH --mem=16G", "#  Sbatch -N 2"])
+def test_a_directive_spelled_almost_right_is_refused_because_sbatch_reads_a_comment(line: str) -> None:
+    text = refusal(job(command=None, script=f"#!/bin/bash\n{line}\nhostname\n"))
+    assert f"script: line 2: '{line}' is not #SBATCH (capitals, no space after the #)" in text, text
+
+
+def test_a_comment_that_mentions_sbatch_is_a_comment() -> None:
+    spec = parse(job(command=None, script="#!/bin/bash\n# sbatch reads the lines below\n#SBATCH --mem=1G\nhostname\n"))
+    assert spec.mem_mb == 1024
+
+
 def test_text_of_the_program_after_the_header_is_left_alone() -> None:
     """An indented '#SBATCH' in the program (a here-document for another tool) is no directive, for sbatch too."""
     body = "#!/bin/bash\nhostname\ncat > sub.sh <<EOF\n  #SBATCH --partition=x\nEOF\n  # #SBATCH --array=1\n"
@@ -530,3 +544,47 @@ def test_a_variable_given_twice_or_a_script_given_both_ways_is_refused(tmp_path:
         build_spec(str(job), {}, ())
     job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\nenv = { X = "file" }\n')
     assert build_spec(str(job), {"env": ("X=flag",)}, ())["env"] == {"X": "flag"}  # a flag wins
+
+
+def test_job_file_paths_expand_home_and_refuse_variables_and_empty_ones(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.cli.jobs import build_spec
+    from broker.errors import SpecError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.toml"
+    head = 'group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\n'
+    job.write_text(head + '[checkpoint]\nstyle = "signal"\ndir = "~/ck"\n')
+    assert build_spec(str(job), {}, ())["checkpoint"]["dir"] == str(home / "ck")  # not <job folder>/~/ck
+    for value, words in (("$HOME/ck", "holds a shell variable"), ("", "checkpoint dir is empty")):
+        job.write_text(head + f'[checkpoint]\nstyle = "signal"\ndir = "{value}"\n')
+        with pytest.raises(SpecError, match=words):
+            build_spec(str(job), {}, ())
+    with pytest.raises(SpecError, match="--checkpoint-dir is empty"):
+        build_spec(None, _flags(checkpoint_dir=""), ("true",))
+    (home / "lr.txt").write_text("--lr 1\n--lr 2\n")
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["train"]\nsweep = "~/lr.txt"\n')
+    assert build_spec(str(job), {}, ())["sweep"] == ["--lr 1", "--lr 2"]  # read from ~/lr.txt
+
+
+def test_a_job_file_is_known_by_its_ending_in_any_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from broker.cli import jobs
+    from broker.cli.main import cli
+
+    job = tmp_path / "Job.TOML"
+    job.write_text('group = "vision"\ntime_limit = "1h"\ncommand = ["true"]\nname = "from-the-file"\n')
+    sent: list[dict[str, Any]] = []
+
+    class Client:
+        def submit(self, spec: dict[str, Any], key: str | None = None) -> Any:
+            sent.append(spec)
+            raise SystemExit(0)
+
+    monkeypatch.setattr(jobs, "client_of", lambda ctx: Client())
+    CliRunner().invoke(cli, ["--socket", "/nonexistent.sock", "submit", str(job)])
+    assert [s.get("name") for s in sent] == ["from-the-file"] and sent[0]["command"] == ["true"]

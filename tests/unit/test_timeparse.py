@@ -72,3 +72,12 @@ def test_report_bounds_keep_their_offset_and_precision() -> None:
     assert got is not None and got.utcoffset() == timedelta(hours=2) and got.microsecond == 500_000
     with pytest.raises(SpecError, match="cannot read the time"):
         report_when("last week", NOW)
+
+
+@pytest.mark.parametrize("bad", ["2026-12-31+02:00", "2026-12-31-05:00", "2026-12-31x0800", "20261231+0200"])
+def test_a_date_and_a_time_are_joined_by_t_or_a_space(bad: str) -> None:
+    """Python 3.11 takes any character after the date as the separator: 2026-12-31+02:00 would be 02:00."""
+    with pytest.raises(ValueError, match="joined by 'T' or a space"):
+        parse_when(bad, NOW)
+    assert parse_when("2026-12-31 08:00+02:00", NOW) == datetime(2026, 12, 31, 6, tzinfo=UTC)
+    assert parse_when("20261231T0800Z", NOW) == datetime(2026, 12, 31, 8, tzinfo=UTC)

@@ -176,7 +176,7 @@ def _node_process_alive(pid: int, node: str) -> bool:
 
 
 def _check_name(name: str) -> None:
-    if not NODE_NAME.match(name):
+    if not NODE_NAME.fullmatch(name):
         raise ProviderConfigError(
             f"{name!r} is not a node name the dev cluster knows",
             hint="pass plain node names such as spot1 or od2 (expand hostlists first)",
