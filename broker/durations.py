@@ -15,8 +15,9 @@ import re
 UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 DURATION_HELP = 'e.g. "90s", "45m", "2h", "1h30m", "2d", "02:00:00", "1-02:00:00" (a bare number is minutes, as in Slurm)'
 
-_UNIT_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_CLOCK_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_UNIT_RE = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_CLOCK_RE = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
+"""ASCII digits only: ``\\d`` and ``str.isdigit`` take other scripts' digits (and "²", which int() refuses)."""
 
 
 def parse_duration(text: str, *, strict: bool = True) -> int:
@@ -29,7 +30,7 @@ def parse_duration(text: str, *, strict: bool = True) -> int:
     s = text.strip().lower()
     if not s:
         raise ValueError("empty")
-    if s.isdigit():
+    if s.isascii() and s.isdigit():
         return int(s) * 60
     m = _UNIT_RE.fullmatch(s)
     if m and any(m.groups()):
@@ -46,6 +47,8 @@ def parse_duration(text: str, *, strict: bool = True) -> int:
         if strict and seconds > 59:
             raise ValueError("seconds must be 0-59")
         return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if re.fullmatch(r"[0-9]+h[0-9]+", s):
+        raise ValueError(f"the minutes need their unit: write {s}m")
     raise ValueError("not a duration")
 
 

@@ -24,7 +24,7 @@ MAX_INDEX = 4_000_000
 MAX_PIECES = 100_000
 MAX_CHUNK = 100_000
 
-_ITEM = re.compile(r"(\d{1,7})(?:-(\d{1,7})(?::(\d{1,7}))?)?")
+_ITEM = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7})(?::([0-9]{1,7}))?)?")  # ASCII digits: \\d takes any script's
 
 
 class PiecesError(ValueError):

@@ -162,7 +162,7 @@ INSTEAD: dict[str, str] = {
 
 DEFAULT_INSTEAD = "gbroker does not pass this option to Slurm, so it would have no effect; remove the line"
 
-_COUNT = re.compile(r"\d{1,9}")
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits only
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,7 @@ def _translate(name: str, value: str, shown: str, lineno: int, found: list[Line]
         if gpu_type is not None:
             add("gpu", gpu_type)
     elif name in ("nodes", "ntasks-per-node", "cpus-per-task", "cpus-per-gpu"):
-        if name == "nodes" and re.fullmatch(r"\d+-\d+|\d+:\d+|\d+(,\d+)+", value):
+        if name == "nodes" and re.fullmatch(r"[0-9]+-[0-9]+|[0-9]+:[0-9]+|[0-9]+(,[0-9]+)+", value):
             bad("gbroker runs a job on a fixed number of nodes, not a range",
                 "write one number, e.g. #SBATCH --nodes=2")
             return

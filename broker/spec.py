@@ -27,11 +27,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
+from broker.timeparse import from_iso
 from broker.jobname import DEFAULT_KIND, MAX_NAME_CHARS, default_name
 
 if TYPE_CHECKING:
@@ -72,7 +73,8 @@ MAX_CPUS_PER_NODE = 1024
 MAX_MEM_PER_NODE_MB = 16 * 1024 * 1024
 """Memory a job may ask for on one node: 16 TiB (mem, or mem_per_gpu x GPUs)."""
 
-SIZE_RE = re.compile(r"(\d{1,12})(?:([KMGTkmgt])[Bb]?)?")
+SIZE_RE = re.compile(r"([0-9]{1,12})(?:([KMGTkmgt])[Bb]?)?")
+"""Digits are ASCII 0-9 only: ``\\d`` would also take other scripts' digits."""
 SIZE_UNIT_MB = {"M": 1, "G": 1024, "T": 1024 * 1024}
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 GPU_TYPE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -128,6 +130,14 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
 MAX_SWEEP_LINE_BYTES = 4096
 MAX_AFTER = 64
 """Jobs one job may wait for (``after``)."""
+MAX_JOB_ID = 2**63 - 1
+"""The largest job number (SQLite's largest integer), for ``after`` here and every job id the daemon reads."""
+KEY_INSTEAD = {"gpus": "gpus_per_node", "gpu_count": "gpus_per_node", "ngpus": "gpus_per_node",
+               "num_gpus": "gpus_per_node"}
+"""Unknown keys whose closest spelling is the wrong field (``gpu`` is the GPU *type*): the key meant instead."""
+BOM = "\ufeff"
+BOM_HINT = 'save it without one (as "UTF-8", not "UTF-8 with BOM")'
+BOM_PROBLEM = "starts with a byte-order mark (a UTF-8 BOM, as some Windows editors write)"
 WARNING_SIGNALS: tuple[str, ...] = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT")
 """Signals a job may ask for as its time-limit warning (sent to every process of the job)."""
 TASKS_PER_GPU = "gpu"
@@ -262,6 +272,8 @@ def load_job_file(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise SpecError(f"job file {path}: not valid UTF-8 ({exc.reason} at byte {exc.start})",
                         hint="save the file as UTF-8") from exc
+    if text.startswith(BOM):
+        raise SpecError(f"job file {path}: {BOM_PROBLEM}", hint=BOM_HINT)
     import tomllib  # only when a job file is read: `gbroker submit -- cmd` never pays for it
 
     try:
@@ -464,9 +476,13 @@ class _Parser:
                 continue
             if key in known:
                 continue
-            close = _close_match(key, known)
+            close = KEY_INSTEAD.get(key) if where == "job" else None
+            if close is not None:
+                hint = f"did you mean {close}? (gpu is the GPU type, e.g. gpu = \"a100\")"
+            else:
+                close = _close_match(key, known)
+                hint = f"did you mean {close}?" if close else f"known keys: {', '.join(known)}"
             label = f"{where}.{key}" if where != "job" else key
-            hint = f"did you mean {close}?" if close else f"known keys: {', '.join(known)}"
             errors.append(SpecError(f"{label}: unknown key", hint=hint))
         if errors:
             raise _combine(errors)
@@ -475,7 +491,7 @@ class _Parser:
         value = data.get(fld, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(fld, f"must be a whole number, got {_type_name(value)} {value!r}",
-                            hint=f"write {fld} = {default}")
+                            hint=_whole_number_hint(fld, value, default))
         if value < lo:
             raise self.fail(fld, f"must be at least {lo}, got {value}")
         if value > hi:
@@ -608,25 +624,35 @@ class _Parser:
         value = data.get("sweep")
         if value is None:
             return ()
+        lines: list[tuple[str, Any]]  # (where, line): a file's lines are named by their number in the file
         if isinstance(value, str):
             if not self.read_files:
                 raise self.fail("sweep", "arrived as a path; the client must send the file's lines",
                                 hint="submit with the gbroker command, which reads the sweep file as you")
-            value = _read_sweep(self.path("sweep", value))
-        if not isinstance(value, list) or not value:
+            path = self.path("sweep", value)
+            lines = [(f"sweep {path} line {n}", line) for n, line in _read_sweep(path)]
+            if not lines:
+                raise self.fail("sweep", f"{path} has no lines of arguments (blank lines and # comments are skipped)",
+                                hint="write one line of arguments per piece")
+        elif isinstance(value, list) and value:
+            lines = [(f"sweep line {i}", line) for i, line in enumerate(value, start=1)]
+        else:
             raise self.fail("sweep", "must be a file path or a non-empty list of argument lines",
                             hint='sweep = "/abs/path/points.txt" (one line of arguments per piece)')
         import shlex
 
         from broker.pieces import MAX_PIECES
 
-        if len(value) > MAX_PIECES:
-            raise self.fail("sweep", f"has {len(value)} lines; an array has at most {MAX_PIECES} pieces")
+        if len(lines) > MAX_PIECES:
+            raise self.fail("sweep", f"has {len(lines)} lines; an array has at most {MAX_PIECES} pieces")
         out = []
-        for i, line in enumerate(value, start=1):
-            where = f"sweep line {i}"
+        for where, line in lines:
             if not isinstance(line, str):
                 raise self.fail(where, f"must be a string, got {_type_name(line)}")
+            if not line.strip() and self.now is not None:  # a new request (a stored one is read as it was)
+                raise self.fail(where, f"{line!r} is empty: its piece would run with no arguments",
+                                hint="remove the entry (each entry is one piece's arguments), "
+                                     "or write the arguments that piece needs")
             if "\x00" in line or "\n" in line or "\r" in line or not _is_utf8(line):
                 raise self.fail(where, "contains a NUL, a line break or text that is not UTF-8")
             if len(line.encode()) > MAX_SWEEP_LINE_BYTES:
@@ -654,18 +680,21 @@ class _Parser:
             if data.get("chunk", 1) != 1:
                 raise self.fail("chunk", "only an array has chunks", hint='add pieces = "1-400", or leave chunk out')
             return None
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            raise self.fail("pieces", f"pieces = {value} is ambiguous",
+                            hint=f'write pieces = "1-{value}" for {value} pieces, or pieces = "{value}" for the '
+                                 f"single index {value}")
         if not isinstance(value, str):
             raise self.fail("pieces", f"must be a string like \"1-400\", got {_type_name(value)} {value!r}")
         from broker.pieces import PiecesError, parse_pieces
 
+        example = 'e.g. "1-400", "1-400:2" (every second), "1,5,9-12", "1-400%16" (16 at a time)'
+        if not value.isascii():  # the text goes to Slurm as written: its digits must be 0-9
+            raise self.fail("pieces", f"{value!r} is not Slurm's array grammar (write digits as 0-9)", hint=example)
         try:
             parsed = parse_pieces(value, chunk)
         except PiecesError as exc:
-            raise self.fail("pieces", str(exc),
-                            hint='e.g. "1-400", "1-400:2" (every second), "1,5,9-12", "1-400%16" (16 at a time)') \
-                from None
+            raise self.fail("pieces", str(exc), hint=example) from None
         if chunk > 1 and not parsed.evenly_spaced and self.now is not None:
             raise self.fail("chunk", f"chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
                             f"\"1-400:5\"); {value.strip()!r} has gaps of different sizes, so a chunk would run "
@@ -685,7 +714,7 @@ class _Parser:
             raise self.fail("after", f"at most {MAX_AFTER} jobs, got {len(value)}")
         out = []
         for v in value:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_JOB_ID:
                 raise self.fail("after", f"{v!r} is not a job number", hint="gbroker status lists your jobs")
             out.append(v)
         return tuple(dict.fromkeys(out))
@@ -820,12 +849,12 @@ class _Parser:
             fld = "gpu" if isinstance(value, str) else f"gpu[{i}]"
             if not isinstance(item, str):
                 raise self.fail(fld, f"must be a GPU type name, got {_type_name(item)} {item!r}", hint=example)
-            if not GPU_TYPE_RE.fullmatch(item) or item[0] in "-." or item.isdigit():
+            if not GPU_TYPE_RE.fullmatch(item) or item[0] in "-." or _is_number(item):
                 if not item:
                     why = "empty"
                 elif len(item) > 64:
                     why = "longer than 64 characters"
-                elif item.isdigit():
+                elif _is_number(item):
                     why = "only digits (gpu:2 means two GPUs)"
                 elif item[0] in "-.":
                     why = f"starts with {item[0]!r}"
@@ -852,8 +881,8 @@ class _Parser:
         else:
             m = SIZE_RE.fullmatch(value.strip())
             if m is None:
-                hint = ("sizes are whole numbers; write 1.5G as 1536M" if re.fullmatch(r"\s*\d*\.\d+\s*\w*\s*", value)
-                        else example)
+                decimal = re.fullmatch(r"\s*[0-9]*\.[0-9]+\s*[A-Za-z]*\s*", value)
+                hint = "sizes are whole numbers; write 1.5G as 1536M" if decimal else example
                 raise self.fail(fld, f"{value!r} is not a size", hint=hint)
             number, unit = int(m.group(1)), (m.group(2) or "M").upper()
             mb = -(-number // 1024) if unit == "K" else number * SIZE_UNIT_MB[unit]
@@ -873,7 +902,14 @@ class _Parser:
     def boolean(self, data: Mapping[str, Any], fld: str, default: bool) -> bool:
         value = data.get(fld, default)
         if not isinstance(value, bool):
-            raise self.fail(fld, f"must be true or false, got {value!r}")
+            said = str(value).strip().lower()
+            if said in ("true", "yes", "on", "1"):
+                hint = f"write {fld} = true"
+            elif said in ("false", "no", "off", "0"):
+                hint = f"write {fld} = false"
+            else:
+                hint = f"write {fld} = true or {fld} = false, without quotes"
+            raise self.fail(fld, f"must be true or false, got {value!r}", hint=hint)
         return value
 
     def signal_lead(self, data: Mapping[str, Any], time_limit_s: int | None) -> int:
@@ -916,9 +952,14 @@ class _Parser:
         if not isinstance(value, str):
             raise self.fail("warning_signal", f"must be a signal name, got {_type_name(value)} {value!r}",
                             hint=f"one of {', '.join(WARNING_SIGNALS)}, e.g. warning_signal = \"USR1\"")
-        name = value.strip().upper().removeprefix("SIG")
-        if name in ("", "NONE"):
+        name = value.strip().upper()
+        if name == "NONE":
             return None
+        name = name.removeprefix("SIG")
+        if not name:
+            raise self.fail("warning_signal", f"{value!r} names no signal",
+                            hint=f"write a signal name such as \"USR1\" (one of {', '.join(WARNING_SIGNALS)}), "
+                                 "or \"none\" for no warning")
         if name not in WARNING_SIGNALS:
             raise self.fail("warning_signal", f"{value!r} is not a signal a job can be warned with",
                             hint=f"one of {', '.join(WARNING_SIGNALS)}, or \"none\"")
@@ -928,7 +969,8 @@ class _Parser:
         value = data.get("tasks_per_node", 1)
         if isinstance(value, str) and value.strip().lower() == TASKS_PER_GPU:
             return TASKS_PER_GPU
-        if isinstance(value, bool) or not isinstance(value, int):
+        quoted_number = isinstance(value, str) and _is_number(value.strip())  # the integer check's hint: no quotes
+        if not quoted_number and (isinstance(value, bool) or not isinstance(value, int)):
             raise self.fail("tasks_per_node", f"must be a whole number or \"gpu\", got {value!r}",
                             hint='tasks_per_node = 1 (one program per node) or "gpu" (one per GPU, for srun)')
         return self.integer(data, "tasks_per_node", 1, 1, 256, "a node's cores")
@@ -948,10 +990,13 @@ class _Parser:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise self.fail("time_limit", f"must be a duration string, got {_type_name(value)} {value!r}",
                             hint=DURATION_HELP)
+        if isinstance(value, str) and not value.isascii():
+            raise self.fail("time_limit", f"{value!r} is not a duration (write digits as 0-9)", hint=DURATION_HELP)
         try:
             seconds = value * 60 if isinstance(value, int) else parse_duration(value)
         except ValueError as exc:
-            raise self.fail("time_limit", f"{value!r} is not a duration ({exc})", hint=DURATION_HELP) from None
+            why = "" if str(exc) == "not a duration" else f" ({exc})"
+            raise self.fail("time_limit", f"{value!r} is not a duration{why}", hint=DURATION_HELP) from None
         if seconds <= 0:
             raise self.fail("time_limit", f"must be longer than zero, got {value!r}", hint=DURATION_HELP)
         if seconds > MAX_TIME_LIMIT_S:
@@ -967,6 +1012,9 @@ class _Parser:
         elif isinstance(value, str):
             text = value.strip()
             if text.startswith("+"):
+                if not text.isascii():
+                    raise self.fail("deadline", f"{value!r} is not a relative time (write digits as 0-9)",
+                                    hint='e.g. "+36h" or "+2d"')
                 if self.now is None:
                     raise self.fail("deadline", f"relative deadline {value!r} has no reference time",
                                     hint="store deadlines as ISO-8601 date-times")
@@ -981,10 +1029,13 @@ class _Parser:
                 when = self.now + timedelta(seconds=offset)
             else:
                 try:
-                    when = datetime.fromisoformat(text)
+                    when = from_iso(text)
                 except ValueError:
                     raise self.fail("deadline", f"{value!r} is not an ISO-8601 date-time",
                                     hint='e.g. "2026-10-01T18:00:00+02:00" or "+36h"') from None
+        elif isinstance(value, date):  # a TOML date alone
+            raise self.fail("deadline", f"{value.isoformat()} is a day, not a moment",
+                            hint=f'give a time and its zone, e.g. deadline = "{value.isoformat()}T18:00:00+02:00"')
         else:
             raise self.fail("deadline", f"must be a date-time string, got {_type_name(value)} {value!r}",
                             hint='e.g. "2026-10-01T18:00:00+02:00" or "+36h"')
@@ -1124,6 +1175,8 @@ class _Parser:
             raise self.fail("script", "contains a NUL byte", hint="is this a binary file? give a text script")
         if "\r\n" in text:
             raise self.fail("script", "has DOS line breaks (\\r\\n)", hint="convert it, e.g. with dos2unix")
+        if text.startswith(BOM):
+            raise self.fail("script", BOM_PROBLEM, hint=BOM_HINT)
         if not text.startswith("#!"):
             raise self.fail("script", "does not start with '#!' (sbatch needs an interpreter line)",
                             hint="make the first line e.g. #!/bin/bash")
@@ -1186,6 +1239,25 @@ def account_name(name: str) -> str:
     return name.lower()
 
 
+def _is_number(text: str) -> bool:
+    """Only ASCII digits 0-9 (``str.isdigit`` also takes "²" and other scripts' digits)."""
+    return text.isascii() and text.isdigit()
+
+
+def _whole_number_hint(fld: str, value: Any, default: int) -> str:
+    """What to write for a whole-number field that got ``value``: the number it holds, when it holds one."""
+    text = str(value).strip()
+    if fld == "gpu_mem_gb":
+        m = re.fullmatch(r"([0-9]+)(?:\.0*)?\s*(?:[Gg][Bb]?)?", text)
+        number = f"{int(m.group(1))}" if m else "80"
+        return f"gpu_mem_gb is a whole number of GB, no quotes or unit: write gpu_mem_gb = {number}"
+    if isinstance(value, float) and value.is_integer():
+        return f"write {fld} = {int(value)}"
+    if isinstance(value, str) and _is_number(text):
+        return f"write {fld} = {int(text)}"
+    return f"write a whole number without quotes, e.g. {fld} = {default}"
+
+
 def _is_utf8(text: str) -> bool:
     """False for lone surrogates (from JSON escapes or undecodable file names): they cannot reach argv or a script."""
     try:
@@ -1201,8 +1273,9 @@ def _clean_path(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _read_sweep(path: str) -> list[str]:
-    """The lines of a sweep file (CLI side, as the user): blank lines and ``#`` comments left out."""
+def _read_sweep(path: str) -> list[tuple[int, str]]:
+    """The lines of a sweep file with their line numbers (CLI side, as the user): blank lines and ``#`` comments
+    left out."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_JOB_FILE_BYTES * 8 + 1)
@@ -1215,8 +1288,10 @@ def _read_sweep(path: str) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"sweep: {path} is not valid UTF-8 (byte {exc.start})", hint="save it as UTF-8") from exc
-    lines = [ln.strip() for ln in text.splitlines()]
-    return [ln for ln in lines if ln and not ln.startswith("#")]
+    if text.startswith(BOM):
+        raise SpecError(f"sweep: {path} {BOM_PROBLEM}", hint=BOM_HINT)
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), start=1)]
+    return [(n, ln) for n, ln in lines if ln and not ln.startswith("#")]
 
 
 def _read_script(path: str) -> str:

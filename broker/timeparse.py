@@ -47,11 +47,18 @@ def parse_when(text: str, now: datetime, *, end_of_day: bool = False, tz: tzinfo
                 if end_of_day:
                     d += timedelta(days=1)  # the next day's midnight, in the zone (a day may be 23 or 25 h)
                 return datetime(d.year, d.month, d.day, tzinfo=tz)
-        sep = 10 if t[4:5] == "-" else 8  # 2026-09-01T08:00 or the compact 20260901T0800
-        if len(t) > sep and t[sep] not in "Tt ":
-            # Python reads any character there as the separator: 2026-12-31+02:00 would be 02:00.
-            raise ValueError(f"{text!r}: a date and a time are joined by 'T' or a space")
-        when = datetime.fromisoformat(t)
+        when = from_iso(t)
     except OverflowError:
         raise ValueError(f"{text!r} is out of range") from None
     return when if when.tzinfo is not None else when.replace(tzinfo=tz)
+
+
+def from_iso(text: str) -> datetime:
+    """An ISO-8601 date-time, as ``datetime.fromisoformat`` reads it, except that the date and the
+    time must be joined by 'T' or a space: Python takes any character there, so 2026-12-31+02:00
+    would be 02:00 on that day. Raises ValueError."""
+    t = text.strip()
+    sep = 10 if t[4:5] == "-" else 8  # 2026-09-01T08:00 or the compact 20260901T0800
+    if len(t) > sep and t[sep] not in "Tt ":
+        raise ValueError(f"{text!r}: a date and a time are joined by 'T' or a space")
+    return datetime.fromisoformat(t)

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from broker.cli.main import Context
+from broker.cli.params import WHOLE
 from broker.cli.output import print_json, print_table
 from broker.errors import SpecError
 
@@ -331,7 +332,7 @@ def budget_show(ctx: Context, semester_name: str | None, window_days: float, as_
 @budget.command("ledger")
 @click.option("--semester", "semester_name", help="Only this semester.")
 @click.option("--group", "group_name", help="Only this group.")
-@click.option("--job", "job_id", type=int, help="Only this gbroker job.")
+@click.option("--job", "job_id", type=WHOLE, help="Only this gbroker job.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True,
               help="A table to read, CSV for a spreadsheet, or JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")

@@ -9,6 +9,7 @@ import click
 
 from broker.cli.main import Context, cli
 from broker.cli.output import client_of, duration, print_json, print_table
+from broker.cli.params import WHOLE
 from broker.errors import SpecError
 
 if TYPE_CHECKING:
@@ -123,13 +124,13 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 @cli.command()
 @click.option("--name", help="Job name (letters, digits, . _ -; at most 64).")
 @click.option("--kind", type=click.Choice(KINDS), help="What the job is [default: other].")
-@click.option("--gpus", "gpus_per_node", type=int, help="GPUs per node [default: 1].")
-@click.option("--nodes", type=int, help="Nodes, run as one gang [default: 1].")
+@click.option("--gpus", "gpus_per_node", type=WHOLE, help="GPUs per node [default: 1].")
+@click.option("--nodes", type=WHOLE, help="Nodes, run as one gang [default: 1].")
 @click.option("--gpu", multiple=True, metavar="TYPE[,TYPE...]",
               help="GPU type, or several (any of them), e.g. a100 or a100,h100; repeatable [default: any type].")
-@click.option("--gpu-mem-gb", type=int, metavar="GB", help="At least this much memory per GPU, in GB.")
-@click.option("--cpus-per-gpu", type=int, metavar="N", help="CPUs per GPU (not with --cpus-per-task).")
-@click.option("--cpus-per-task", type=int, metavar="N", help="CPUs per task (not with --cpus-per-gpu).")
+@click.option("--gpu-mem-gb", type=WHOLE, metavar="GB", help="At least this much memory per GPU, in GB.")
+@click.option("--cpus-per-gpu", type=WHOLE, metavar="N", help="CPUs per GPU (not with --cpus-per-task).")
+@click.option("--cpus-per-task", type=WHOLE, metavar="N", help="CPUs per task (not with --cpus-per-gpu).")
 @click.option("--mem-per-gpu", metavar="SIZE",
               help="Memory per GPU: 32G, 512M (a bare number is MB, as in sbatch; not with --mem).")
 @click.option("--mem", metavar="SIZE", help="Memory per node: 64G, 4000M (a bare number is MB; not with --mem-per-gpu).")
@@ -151,11 +152,11 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
 @click.option("--partition", help="Force a partition instead of letting the policy choose.")
 @click.option("--script", "script_path", metavar="FILE", help="A batch script to run.")
 @click.option("--env", "-e", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable).")
-@click.option("--max-retries", type=int, help="Retries after the program's own failures [default: 2].")
+@click.option("--max-retries", type=WHOLE, help="Retries after the program's own failures [default: 2].")
 @click.option("--array", metavar="PIECES",
               help="Run as an array of pieces, Slurm's --array grammar: 1-400, 1-400:2, 1,5,9-12, 1-400%16 "
               "(16 at a time). Each piece gets GBROKER_PIECE.")
-@click.option("--chunk", type=int, metavar="N", help="Pieces per array task (GBROKER_PIECE_FIRST.._LAST) [default: 1].")
+@click.option("--chunk", type=WHOLE, metavar="N", help="Pieces per array task (GBROKER_PIECE_FIRST.._LAST) [default: 1].")
 @click.option("--sweep", metavar="FILE",
               help="A sweep: one line of arguments per piece, appended to the command (read as you).")
 @click.option("--after", metavar="ID[,ID...]", help="Start only after these jobs completed (afterok).")
@@ -267,7 +268,7 @@ def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=WHOLE)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--follow", is_flag=True, help="Then follow it until it ends, as `gbroker watch`.")
 @pass_ctx
@@ -315,7 +316,7 @@ def _show(job: Job, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=WHOLE, nargs=-1, required=True)
 @pass_ctx
 def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
     """Cancel jobs (your own; admins: any)."""
@@ -333,7 +334,7 @@ def _progress_text(job: Job) -> str:
 
 
 @cli.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=WHOLE)
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between looks.")
 @pass_ctx
 def watch(ctx: Context, job_id: int, interval: float) -> None:
@@ -361,9 +362,9 @@ def watch(ctx: Context, job_id: int, interval: float) -> None:
 
 
 @cli.command()
-@click.argument("job_id", type=int)
-@click.option("--piece", type=int, help="An array's piece (its GBROKER_PIECE).")
-@click.option("--attempt", type=int, help="Only this attempt's output (the lines after its start line).")
+@click.argument("job_id", type=WHOLE)
+@click.option("--piece", type=WHOLE, help="An array's piece (its GBROKER_PIECE).")
+@click.option("--attempt", type=WHOLE, help="Only this attempt's output (the lines after its start line).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing what the job writes, across attempts, until it ends.")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between looks with --follow.")
 @pass_ctx

@@ -17,6 +17,7 @@ import click
 
 from broker.errors import SpecError
 from broker.amount import MICROS_PER_UNIT
+from broker.cli.params import WHOLE
 from policies import names as policy_names
 
 
@@ -52,11 +53,11 @@ def _price(text: str, what: str) -> int:
 @click.option("--oracle-trace-prices", "oracle_trace_prices", is_flag=True,
               help="ORACLE, not a fair comparison: hand every policy the mean of the trace's own spot "
                    "prices over the job's future window, where the trace has prices.")
-@click.option("--nodes", type=int, default=1, show_default=True,
+@click.option("--nodes", type=WHOLE, default=1, show_default=True,
               help="Instances the job needs at once (a gang is reclaimed when any node is).")
-@click.option("--starts", type=int, default=100, show_default=True, help="Start offsets per trace.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for start offsets (reproducible).")
-@click.option("--workers", type=int, default=1, show_default=True, help="Processes to use.")
+@click.option("--starts", type=WHOLE, default=100, show_default=True, help="Start offsets per trace.")
+@click.option("--seed", type=WHOLE, default=0, show_default=True, help="Seed for start offsets (reproducible).")
+@click.option("--workers", type=WHOLE, default=1, show_default=True, help="Processes to use.")
 @click.option("--pools", "pools", is_flag=True,
               help="Several spot pools: the traces (time-aligned, one per pool) are the pools of one job; "
                    "--spot-price may list one price per pool (comma-separated).")

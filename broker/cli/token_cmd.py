@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from broker.cli.main import Context
+from broker.cli.params import WHOLE
 from broker.cli.output import print_json, print_table
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
@@ -23,7 +24,7 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.option("--note", default="", metavar="TEXT", help="A word to tell your tokens apart in --list.")
 @click.option("--list", "do_list", is_flag=True, help="List your tokens instead of making one.")
 @click.option("--all", "all_users", is_flag=True, help="With --list: every user's tokens (admins).")
-@click.option("--revoke", "revoke_id", type=int, metavar="ID", help="End the token ID (yours; an admin: anyone's).")
+@click.option("--revoke", "revoke_id", type=WHOLE, metavar="ID", help="End the token ID (yours; an admin: anyone's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 def token(ctx: Context, ttl: str, note: str, do_list: bool, all_users: bool, revoke_id: int | None,

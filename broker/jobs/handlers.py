@@ -9,6 +9,7 @@ from sqlalchemy import select
 from broker.caller import Caller, Handler, bool_arg, int_arg, only_args
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, SpecError
+from broker.spec import MAX_JOB_ID
 from broker.state import Services, must_get
 from broker.jobs import arrays, lifecycle
 from broker.jobs.placement import pool_table
@@ -20,7 +21,6 @@ from broker.states import TERMINAL, JobState
 MAX_IDS_PER_REQUEST = 1000
 """Jobs one request may name (cancel); more is refused at once, not worked through."""
 MAX_LIST = 10_000
-MAX_JOB_ID = 2**63 - 1
 
 def handlers(svc: Services) -> dict[str, Handler]:
     """The job operations: ping, submit, list, show, cancel, log..."""

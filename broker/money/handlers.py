@@ -428,10 +428,10 @@ def price_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list
 # -- budgets -------------------------------------------------------------------------------
 def _thresholds(value: Any) -> str:
     items = value if isinstance(value, list) else str(value).split(",")
-    try:
-        pcts = sorted({int(str(v).strip().rstrip("%")) for v in items if str(v).strip()})
-    except ValueError:
-        raise SpecError(f"thresholds {value!r}: write whole percentages like 50,80,100") from None
+    texts = [str(v).strip().removesuffix("%") for v in items if str(v).strip()]
+    if not all(t.isascii() and t.isdigit() for t in texts):  # int() would take 1_0 and other scripts' digits
+        raise SpecError(f"thresholds {value!r}: write whole percentages like 50,80,100")
+    pcts = sorted({int(t) for t in texts})
     if not pcts or any(p <= 0 or p > MAX_THRESHOLD_PCT for p in pcts):
         raise SpecError(f"thresholds {value!r}: each between 1 and {MAX_THRESHOLD_PCT}")
     return ",".join(str(p) for p in pcts)

@@ -595,3 +595,13 @@ def test_an_admin_name_with_a_trailing_newline_is_refused(world: World) -> None:
             ops[op](ROOT, args)
     names = [g["name"] for g in ops["group_list"](ROOT, {})]
     assert not any(n.startswith("robots") for n in names), names
+
+
+def test_thresholds_are_whole_percentages_in_plain_digits(world: World) -> None:
+    ops = world.ops()
+    b = ops["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": "10",
+                                 "thresholds": "90%, 50,50"})
+    assert b["thresholds"] == "50,90", b
+    for bad in ("50,1_0", "50,\u0661\u0660", "50,-5", "half"):
+        with pytest.raises(SpecError, match="write whole percentages"):
+            ops["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "thresholds": bad})

@@ -25,7 +25,7 @@ def test_slurm_and_unit_forms(text: str, seconds: int) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "  ", "h", "1x", "1h2d", "-5", "+5", "1--2", "1:2:3:4", "1-", ":30", "1.5h",
-                                 "1 h", "1-2-3"])
+                                 "1 h", "1-2-3", "\u0669\u0660", "\u00b2", "\u0661h", "1:\u0663\u0660"])
 def test_garbage_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(bad)

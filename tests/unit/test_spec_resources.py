@@ -588,3 +588,17 @@ def test_a_job_file_is_known_by_its_ending_in_any_case(tmp_path: Path, monkeypat
     monkeypatch.setattr(jobs, "client_of", lambda ctx: Client())
     CliRunner().invoke(cli, ["--socket", "/nonexistent.sock", "submit", str(job)])
     assert [s.get("name") for s in sent] == ["from-the-file"] and sent[0]["command"] == ["true"]
+
+
+@pytest.mark.parametrize("written", ["1_0", "\u0662", "+5", " 5", "5.0", "0x10"])
+def test_numbers_on_the_command_line_are_plain_digits(written: str) -> None:
+    """click's int() would read 1_0 as 10 and ٢ as 2."""
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers submit and show)
+    from broker.cli.main import cli
+
+    for args in (["submit", "--group", "v", "--time", "1h", "--gpus", written, "--", "true"], ["show", written],
+                 ["budget", "ledger", "--job", written]):
+        r = CliRunner().invoke(cli, ["--socket", "/nonexistent.sock", *args])
+        assert r.exit_code == 2 and f"{written!r} is not a whole number (write digits 0-9)" in r.output, (args, r.output)

@@ -1,0 +1,276 @@
+"""What a user writes in a job file is never silently ignored, changed or misread; messages say what to write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.errors import SpecError
+from broker.spec import MAX_JOB_ID, JobSpec, load_job_file, parse_spec, spec_from_dict, spec_to_dict
+
+NOW = datetime(2026, 9, 1, 12, 0, tzinfo=UTC)
+BOM = "\ufeff"
+
+
+def job(**fields: Any) -> dict[str, Any]:
+    return {"group": "vision-lab", "time_limit": "2h", "command": ["python", "train.py"], **fields}
+
+
+def parse(**fields: Any) -> JobSpec:
+    return parse_spec(job(**fields), now=NOW)
+
+
+def refused(**fields: Any) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse(**fields)
+    return info.value
+
+
+# -- 1: an integer pieces is ambiguous ---------------------------------------------------------
+
+
+def test_integer_pieces_is_refused_with_both_readings() -> None:
+    err = refused(pieces=40)
+    assert err.message == "pieces: pieces = 40 is ambiguous"
+    assert err.hint == 'write pieces = "1-40" for 40 pieces, or pieces = "40" for the single index 40'
+
+
+def test_pieces_strings_stay_slurm_grammar() -> None:
+    assert parse(pieces="40").array().indices == (40,)
+    assert len(parse(pieces="1-40").array().indices) == 40
+
+
+# -- 2: only "none" turns the warning off ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["", " ", "SIG", "sig"])
+def test_empty_warning_signal_is_refused(value: str) -> None:
+    err = refused(warning_signal=value)
+    assert err.message.startswith("warning_signal: ") and "names no signal" in err.message
+    assert err.hint is not None and '"USR1"' in err.hint and '"none"' in err.hint
+
+
+@pytest.mark.parametrize("value", ["none", "None", " NONE "])
+def test_none_turns_the_warning_off(value: str) -> None:
+    assert parse(warning_signal=value, checkpoint={"style": "signal", "dir": "/ck"}).warning_signal is None
+
+
+def test_signal_names_still_read_with_or_without_sig() -> None:
+    assert parse(warning_signal="sigusr2").warning_signal == "USR2"
+    assert parse(warning_signal="TERM").warning_signal == "TERM"
+    with pytest.raises(SpecError, match="not a signal a job can be warned with"):
+        parse(warning_signal="SIGNONE")
+
+
+# -- 3: job numbers are bounded when read ------------------------------------------------------
+
+
+@pytest.mark.parametrize("number", [2**63, MAX_JOB_ID + 1, 10**40])
+def test_after_refuses_a_job_number_too_large(number: int) -> None:
+    with pytest.raises(SpecError, match="after: .* is not a job number"):
+        parse(after=[number])
+    with pytest.raises(SpecError, match="after: .* is not a job number"):
+        spec_from_dict(job(after=[number]), now=NOW)
+
+
+def test_after_takes_the_largest_job_number() -> None:
+    assert parse(after=[MAX_JOB_ID]).after == (MAX_JOB_ID,)
+
+
+def test_spec_does_not_import_broker_jobs() -> None:
+    code = "import sys, broker.spec\nprint(','.join(m for m in sys.modules if m.startswith('broker.jobs')))\n"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         env={"PYTHONPATH": str(root)}, check=True)
+    assert out.stdout.strip() == ""
+
+
+# -- 4: a blank inline sweep entry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_blank_inline_sweep_entry_is_refused_by_position(blank: str) -> None:
+    err = refused(sweep=["--lr 1", blank, "--lr 3"])
+    assert err.message.startswith("sweep line 2: ") and "empty" in err.message
+    with pytest.raises(SpecError, match="sweep line 2: .*empty"):
+        spec_from_dict(job(sweep=["--lr 1", blank, "--lr 3"]), now=NOW)
+
+
+def test_a_stored_sweep_is_read_as_it_was() -> None:
+    stored = spec_from_dict(job(sweep=["--lr 1", "", "--lr 3"], pieces=None))
+    assert stored.sweep == (("--lr", "1"), (), ("--lr", "3"))
+
+
+# -- 5: a sweep file's errors name the line in the file ----------------------------------------
+
+
+def test_sweep_file_error_names_its_line_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "lr.txt"
+    path.write_text("# learning rates\n\n--lr 1\n\n--lr '2\n")
+    err = refused(sweep=str(path))
+    assert err.message.startswith(f"sweep {path} line 5: ")
+
+
+def test_sweep_file_skips_blank_lines_and_comments(tmp_path: Path) -> None:
+    path = tmp_path / "lr.txt"
+    path.write_text("# learning rates\n\n--lr 1\n  \n--lr 2\n")
+    spec = parse(sweep=str(path))
+    assert spec.sweep == (("--lr", "1"), ("--lr", "2")) and spec.pieces == "1-2"
+    assert spec_from_dict(spec_to_dict(spec), now=NOW) == spec
+
+
+def test_sweep_file_of_comments_only_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "lr.txt"
+    path.write_text("# nothing yet\n\n")
+    with pytest.raises(SpecError, match="has no lines of arguments"):
+        parse(sweep=str(path))
+
+
+# -- 6: a byte-order mark ------------------------------------------------------------------------
+
+
+def test_sweep_file_with_a_bom_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "lr.txt"
+    path.write_text(BOM + "--lr 1\n--lr 2\n", encoding="utf-8")
+    err = refused(sweep=str(path))
+    assert "byte-order mark" in err.message and "UTF-8 BOM" in err.message
+    assert err.hint is not None and "without one" in err.hint
+
+
+def test_job_file_with_a_bom_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(BOM + 'group = "vision-lab"\ntime_limit = "2h"\ncommand = ["train"]\n', encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_job_file(str(path))
+    assert info.value.message == (f"job file {path}: starts with a byte-order mark "
+                                  "(a UTF-8 BOM, as some Windows editors write)")
+    assert info.value.hint is not None and "without one" in info.value.hint
+
+
+def test_script_with_a_bom_is_refused() -> None:
+    err = refused(command=None, script=BOM + "#!/bin/bash\necho hi\n")
+    assert "byte-order mark" in err.message
+
+
+# -- 7: whole-number fields hint the user's own number -----------------------------------------
+
+
+@pytest.mark.parametrize(("fld", "value", "hint"), [
+    ("gpus_per_node", "4", "write gpus_per_node = 4"),
+    ("nodes", " 2 ", "write nodes = 2"),
+    ("max_retries", "3", "write max_retries = 3"),
+    ("chunk", "10", "write chunk = 10"),
+    ("tasks_per_node", "4", "write tasks_per_node = 4"),
+    ("gpus_per_node", 4.0, "write gpus_per_node = 4"),
+    ("gpus_per_node", "four", "write a whole number without quotes, e.g. gpus_per_node = 1"),
+])
+def test_whole_number_hint_uses_the_value_written(fld: str, value: Any, hint: str) -> None:
+    extra = {"pieces": "1-100"} if fld == "chunk" else {}
+    err = refused(**{fld: value}, **extra)
+    assert err.message.startswith(f"{fld}: must be a whole number")
+    assert err.hint == hint
+
+
+@pytest.mark.parametrize(("value", "number"), [("80G", 80), ("80GB", 80), ("80", 80), ("40 gb", 40),
+                                               (80.0, 80), ("lots", 80)])
+def test_gpu_mem_gb_hint_says_whole_gb(value: Any, number: int) -> None:
+    err = refused(gpu_mem_gb=value)
+    assert err.hint is not None and "whole number of GB" in err.hint
+    assert err.hint.endswith(f"write gpu_mem_gb = {number}")
+
+
+# -- 8: gpus is not gpu ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["gpus", "gpu_count", "ngpus"])
+def test_gpu_count_keys_hint_gpus_per_node(key: str) -> None:
+    err = refused(**{key: 2})
+    assert err.message == f"{key}: unknown key"
+    assert err.hint is not None and err.hint.startswith("did you mean gpus_per_node?")
+
+
+def test_other_unknown_keys_still_get_the_closest_spelling() -> None:
+    assert refused(time_limt="1h").hint == "did you mean time_limit?"
+
+
+# -- 9: only ASCII digits are numbers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["\u0669\u0660", "\u00b2", "\u0661h", "\u0661:00:00"])
+def test_time_limit_takes_only_ascii_digits(value: str) -> None:
+    err = refused(time_limit=value)
+    assert err.message.startswith("time_limit: ") and "0-9" in err.message
+    assert "invalid literal" not in err.message
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0666G", "\u0661\u0666", "\u00b2M"])
+def test_mem_takes_only_ascii_digits(value: str) -> None:
+    with pytest.raises(SpecError, match="mem: .* is not a size"):
+        parse(mem=value)
+
+
+def test_relative_deadline_takes_only_ascii_digits() -> None:
+    with pytest.raises(SpecError, match="deadline: .*0-9"):
+        parse(deadline="+\u0663\u0666h")
+
+
+def test_pieces_take_only_ascii_digits() -> None:
+    with pytest.raises(SpecError, match="pieces: .*0-9"):
+        parse(pieces="\u0661-\u0664")
+
+
+def test_gpu_type_of_other_digits_is_not_called_a_count() -> None:
+    err = refused(gpu="\u0662")
+    assert "gpu:2 means two GPUs" not in err.message
+    assert "gpu:2 means two GPUs" in refused(gpu="2").message
+
+
+def test_ascii_sizes_and_durations_still_read() -> None:
+    spec = parse(time_limit="90", mem="16G")
+    assert spec.time_limit_s == 5400 and spec.mem_mb == 16 * 1024
+
+
+# -- 10: booleans hint what to write -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "hint"), [
+    ("no", "write interruptible = false"), ("False", "write interruptible = false"),
+    ("off", "write interruptible = false"), (0, "write interruptible = false"),
+    ("yes", "write interruptible = true"), ("true", "write interruptible = true"),
+    ("on", "write interruptible = true"), (1, "write interruptible = true"),
+    ("maybe", "write interruptible = true or interruptible = false, without quotes"),
+])
+def test_boolean_hint_says_what_to_write(value: Any, hint: str) -> None:
+    err = refused(interruptible=value)
+    assert err.message == f"interruptible: must be true or false, got {value!r}"
+    assert err.hint == hint
+
+
+# -- deadlines and durations written almost right --------------------------------------------
+def test_a_deadline_date_joined_to_an_offset_is_refused_for_what_it_is() -> None:
+    with pytest.raises(SpecError) as info:
+        parse(deadline="2026-12-31+02:00")
+    assert "is not an ISO-8601 date-time" in str(info.value) and "has no time zone" not in str(info.value)
+
+
+def test_a_toml_date_as_deadline_asks_for_a_time_and_zone() -> None:
+    from datetime import date
+
+    with pytest.raises(SpecError) as info:
+        parse(deadline=date(2026, 12, 1))
+    assert "2026-12-01 is a day, not a moment" in str(info.value) and "datetime.date" not in str(info.value)
+    assert 'deadline = "2026-12-01T18:00:00+02:00"' in str(info.value)
+
+
+def test_minutes_without_a_unit_say_what_to_write() -> None:
+    with pytest.raises(SpecError) as info:
+        parse(time_limit="1h30")
+    assert "'1h30' is not a duration (the minutes need their unit: write 1h30m)" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        parse(time_limit="soon")
+    assert "'soon' is not a duration\n" in str(info.value) + "\n" and "(not a duration)" not in str(info.value)
