@@ -19,7 +19,7 @@ _AMOUNT = re.compile(r"-?\$?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+(?:_[0-9]+)*)(?:\.
 
 def parse_money(text: str | int | Decimal) -> int:
     """'12000', '412.30', '$1,200.50' -> micro-units. Raises ValueError (a decimal comma, '1,5',
-    is refused, never read as 15)."""
+    is refused, never read as 15; '1,500', which is 1500 or 1.5 by where one lives, is refused too)."""
     if isinstance(text, bool):
         raise ValueError(f"not an amount of money: {text!r}")
     if isinstance(text, int):
@@ -28,6 +28,10 @@ def parse_money(text: str | int | Decimal) -> int:
     if not isinstance(text, Decimal) and not _AMOUNT.fullmatch(raw):
         hint = " (write the decimal point as '.', e.g. 1.50)" if re.fullmatch(r"-?\$?[0-9]+,[0-9]{1,2}", raw) else ""
         raise ValueError(f"not an amount of money: {text!r}{hint}")
+    if not isinstance(text, Decimal) and re.fullmatch(r"-?\$?[0-9]{1,3},[0-9]{3}", raw):
+        plain = raw.replace(",", "")
+        raise ValueError(f"{text!r} is ambiguous: {plain.lstrip('-$')} or {Decimal(raw.replace(',', '.').lstrip('-$')).normalize()}? "
+                         f"(write {plain}, or {raw}.00 with the thousands separator)")
     s = raw.replace("$", "").replace(",", "").replace("_", "")
     try:
         d = Decimal(s)

@@ -29,7 +29,7 @@ from broker.ops.reload import reload_settings
 from broker.ops.stats import CountingBackend, DaemonStats
 from broker.state import Services
 from broker.web.app import Dashboard
-from broker.wiring import build_services, handlers, periodic_ticks, reconcile_tick
+from broker.wiring import build_services, check_hook_user, handlers, periodic_ticks, reconcile_tick
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class Daemon:
     # -- life cycle --------------------------------------------------------
     def start(self, wait_for_lease: bool = False) -> None:
         check_private(self.settings.db_url)
+        check_hook_user(self.settings)
         metrics = self.settings.metrics
         if metrics.enabled:
             # Bound first: a port in use stops the start before the lease is taken, and a daemon

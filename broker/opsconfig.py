@@ -277,7 +277,10 @@ def _subscription(i: int, table: dict[str, Any], targets: set[str], where: str) 
         raise ConfigError(f"{where}: target = {target!r} is not a [notify.targets.NAME]",
                           hint="targets: " + (", ".join(sorted(targets)) or "none defined"))
     events = table.get("events", list(EVENTS))
-    if not isinstance(events, list) or not events or any(e not in EVENTS for e in events):
+    if isinstance(events, list) and not events:
+        raise ConfigError(f"{where}: events = [] subscribes to nothing",
+                          hint="name the events, or leave events out for all: " + ", ".join(EVENTS))
+    if not isinstance(events, list) or any(e not in EVENTS for e in events):
         bad = [e for e in events if e not in EVENTS] if isinstance(events, list) else events
         raise ConfigError(f"{where}: unknown event(s) {bad!r}", hint="events: " + ", ".join(EVENTS))
     lists = {}

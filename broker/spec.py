@@ -1126,6 +1126,11 @@ class _Parser:
             total += len(arg.encode("utf-8", "surrogatepass")) + 1
         if not value[0]:
             raise self.fail("command[0]", "the program name is empty")
+        if (" " in value[0] or "\t" in value[0]) and not value[0].startswith("/") and self.now is not None:
+            # A program named "python t.py" is almost surely two arguments; a path with a space is written whole.
+            raise self.fail("command[0]", f"{value[0]!r} is one argument with a space, run as a program of that name",
+                            hint="split it: command = " + repr([*value[0].split(), *value[1:]]).replace("'", '"')
+                            + " (a program whose path has a space: give its absolute path)")
         if total > MAX_COMMAND_BYTES:
             raise self.fail("command", "longer than 128 KiB", hint="put long input in a file")
         return tuple(value)

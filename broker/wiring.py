@@ -49,6 +49,18 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
                     backend=backend, policy=policy, **kwargs)
 
 
+def check_hook_user(settings: Settings) -> None:
+    """``hook_user`` names a user of this machine (alert commands run as it): else a ConfigError now,
+    not a failed alert later."""
+    import pwd
+
+    try:
+        pwd.getpwnam(settings.hook_user)
+    except KeyError:
+        raise ConfigError(f"hook_user = {settings.hook_user!r} is not a user of this machine",
+                          hint='budget alert commands run as it: name one that exists (default "nobody")') from None
+
+
 def make_policy(settings: Settings) -> policies.Policy:
     """The placement policy ``policy`` names; an unknown name is a configuration error."""
     if settings.policy not in policies.names():

@@ -56,6 +56,7 @@ from broker.checkpoint.manifest import (
     RESUME_EXIT,
     _atomic_write,
     checkpoint_dir,
+    current_attempt,
     last_saved_at,
     latest_checkpoint,
     read_manifest,
@@ -97,7 +98,7 @@ class Checkpointer:
         self.dir = Path(path)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.every_s = every_s
-        self.attempt = int(os.environ.get("GBROKER_ATTEMPT", "1"))
+        self.attempt = current_attempt()
         self._requested = False
         self._last_save = time.monotonic()
         for sig in signals:

@@ -29,8 +29,8 @@ def check(ctx: Context, path: str | None, as_json: bool) -> None:
     """Check FILE (default: --config, $GBROKER_CONFIG or /etc/gbroker/gbroker.toml) and print the resolved
     settings: defaults < file < environment. A FILE named here, with --config or in $GBROKER_CONFIG must
     exist; the default may be missing (the daemon then runs on defaults and the environment). Beyond the file's own keys it
-    checks what the daemon checks at start: the policy, the node provider and its settings, and (run as
-    root) the dashboard proxy's secret file. Exits 0 when the daemon would accept it; else prints what is
+    checks what the daemon checks at start: the policy, hook_user, the node provider and its settings, and
+    (run as root) the dashboard proxy's secret file. Exits 0 when the daemon would accept it; else prints what is
     wrong and how to fix it, and exits with the configuration error's code."""
     from broker.config import DEFAULT_CONFIG_PATH, load_settings
 
@@ -55,9 +55,10 @@ def start_checks(settings: Any) -> list[str]:
     """What the daemon checks only when it starts, checked now (each raises its ConfigError);
     returns what could not be checked from here, to be said, not skipped in silence."""
     from broker.nodes.providers.base import checked_class
-    from broker.wiring import make_policy
+    from broker.wiring import check_hook_user, make_policy
 
     make_policy(settings)
+    check_hook_user(settings)
     if settings.node_provider:
         checked_class(settings.node_provider, settings.provider_settings())
     notes = []

@@ -199,7 +199,8 @@ def parse_pools(value: Any, source: str) -> tuple[Pool, ...]:
                 raise ValueError(f"gpu_type must be Slurm's gres type name (e.g. \"a100\"), not {gpu_type!r}")
             speed = table.get("speed", 1.0)
             if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed <= 100:
-                raise ValueError(f"speed must be a number > 0 (work per GPU-hour against the reference), not {speed!r}")
+                raise ValueError("speed must be a number above 0 and at most 100 (work per GPU-hour against "
+                                 f"the reference), not {speed!r}")
             idle = table.get("idle_seconds")
             if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle < 0):
                 raise ValueError("idle_seconds must be a number >= 0")

@@ -115,3 +115,18 @@ def test_command_line_for_job_scripts(tmp_path):
     assert _cli(["stopped-on-signal"], env).returncode == 1
     assert _cli(["bogus"], env).returncode == 2
     assert RESUME_EXIT == os.EX_TEMPFAIL == 75
+
+
+def test_an_unreadable_attempt_number_counts_as_the_first_for_the_checkpointer_too(tmp_path, monkeypatch):
+    import signal
+
+    from broker.checkpoint import Checkpointer
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        for written in ("", "x"):
+            monkeypatch.setenv("GBROKER_ATTEMPT", written)
+            assert Checkpointer(str(tmp_path / "ck")).attempt == 1  # as manifest.current_attempt reads it
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -26,6 +26,15 @@ def test_a_decimal_comma_is_refused_with_what_to_write():
         parse_money("1,5")
 
 
+@pytest.mark.parametrize("written", ["1,500", "$12,000", "-1,500"])
+def test_one_thousands_group_without_a_point_is_ambiguous(written):
+    """1,500 is 1500 in one lab and 1.5 in another: refused, with both readings."""
+    with pytest.raises(ValueError, match="is ambiguous") as info:
+        parse_money(written)
+    assert f"{written}.00" in str(info.value)
+    assert parse_money(f"{written}.00") == parse_money(written.replace(",", ""))
+
+
 def test_cost_is_exact_and_rounds_half_even_once():
     # 3.06 $/GPU-h for 4 GPUs over 90 minutes
     assert cost_micros(3_060_000, 5400, 4) == 18_360_000

@@ -432,6 +432,8 @@ def test_config_check_prints_the_resolved_settings_without_secrets(tmp_path: Pat
      None),
     ('[notify.targets.x]\nkind = "webhook"\nurl = "http://h/"\n[[notify.subscriptions]]\ntarget = "x"\n'
      'events = ["job.done"]\n', "unknown event(s) ['job.done']", "events: job.completed, job.failed"),
+    ('[notify.targets.x]\nkind = "webhook"\nurl = "http://h/"\n[[notify.subscriptions]]\ntarget = "x"\n'
+     'events = []\n', "events = [] subscribes to nothing", "leave events out for all"),
 ])
 def test_a_bad_config_says_what_is_wrong_and_how_to_fix_it(tmp_path: Path, text: str, error: str,
                                                             hint: str | None) -> None:
@@ -447,6 +449,9 @@ def test_a_bad_config_says_what_is_wrong_and_how_to_fix_it(tmp_path: Path, text:
     ('node_provider = "gcp"\n', "unknown node provider 'gcp'", "valid providers: aws, command, local"),
     ('node_provider = "command"\n[providers.command]\nresume = ["/bin/true"]\nsuspend = ["/bin/true"]\n'
      'colour = "red"\n', "bad settings for node provider 'command': unknown setting(s) colour", "accepted settings:"),
+    ('hook_user = ""\n', "hook_user = '' is not a user of this machine", "budget alert commands run as it"),
+    ('hook_user = "no-such-user-here"\n', "hook_user = 'no-such-user-here' is not a user",
+     'budget alert commands run as it: name one that exists (default "nobody")'),
 ])
 def test_config_check_checks_what_the_daemon_checks_at_start(tmp_path: Path, text: str, error: str,
                                                              hint: str) -> None:

@@ -434,9 +434,12 @@ valid_specs = st.fixed_dictionaries(
     {
         "group": names,
         "time_limit": st.integers(1, 7 * 24 * 3600).map(lambda n: f"{n}s"),
-        "command": st.lists(st.text(st.characters(blacklist_characters="\x00\n\r",
-                                                  blacklist_categories=["Cs"]), min_size=1, max_size=20),
-                            min_size=1, max_size=5),
+        "command": st.tuples(  # the program: no space or tab (that is two arguments written as one)
+            st.text(st.characters(blacklist_characters="\x00\n\r \t", blacklist_categories=["Cs"]),
+                    min_size=1, max_size=20),
+            st.lists(st.text(st.characters(blacklist_characters="\x00\n\r", blacklist_categories=["Cs"]),
+                             min_size=1, max_size=20), max_size=4),
+        ).map(lambda t: [t[0], *t[1]]),
     },
     optional={
         "name": names,

@@ -274,3 +274,11 @@ def test_minutes_without_a_unit_say_what_to_write() -> None:
     with pytest.raises(SpecError) as info:
         parse(time_limit="soon")
     assert "'soon' is not a duration\n" in str(info.value) + "\n" and "(not a duration)" not in str(info.value)
+
+
+def test_a_program_name_with_a_space_is_two_arguments_written_as_one() -> None:
+    with pytest.raises(SpecError) as info:
+        parse(command=["python t.py", "--lr", "1"])
+    assert "'python t.py' is one argument with a space" in str(info.value)
+    assert 'command = ["python", "t.py", "--lr", "1"]' in str(info.value)
+    assert parse(command=["/opt/My Tools/train", "x"]).command == ("/opt/My Tools/train", "x")
