@@ -28,10 +28,16 @@ def parse_money(text: str | int | Decimal) -> int:
     if not isinstance(text, Decimal) and not _AMOUNT.fullmatch(raw):
         hint = " (write the decimal point as '.', e.g. 1.50)" if re.fullmatch(r"-?\$?[0-9]+,[0-9]{1,2}", raw) else ""
         raise ValueError(f"not an amount of money: {text!r}{hint}")
-    if not isinstance(text, Decimal) and re.fullmatch(r"-?\$?[0-9]{1,3},[0-9]{3}", raw):
-        plain = raw.replace(",", "")
-        raise ValueError(f"{text!r} is ambiguous: {plain.lstrip('-$')} or {Decimal(raw.replace(',', '.').lstrip('-$')).normalize()}? "
-                         f"(write {plain}, or {raw}.00 with the thousands separator)")
+    if not isinstance(text, Decimal):
+        if re.match(r"-?\$?0,", raw):  # no number starts with a thousands group of 0: a decimal comma
+            raise ValueError(f"not an amount of money: {text!r} (write the decimal point as '.', e.g. "
+                             f"{raw.replace(',', '.', 1)})")
+        group = re.fullmatch(r"(-?\$?)([0-9]{1,3}),([0-9]{3})", raw)
+        if group:  # one thousands group and no point: 1,500 is 1500 in one lab and 1.5 in another
+            sign, whole, part = group.groups()
+            as_point = Decimal(f"{whole}.{part}").normalize()
+            raise ValueError(f"{text!r} is ambiguous: {sign}{whole}{part} or {sign}{as_point}? "
+                             f"(write {sign}{whole}{part}, or {raw}.00 with the thousands separator)")
     s = raw.replace("$", "").replace(",", "").replace("_", "")
     try:
         d = Decimal(s)

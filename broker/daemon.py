@@ -96,7 +96,9 @@ class Daemon:
     # -- life cycle --------------------------------------------------------
     def start(self, wait_for_lease: bool = False) -> None:
         check_private(self.settings.db_url)
-        check_hook_user(self.settings)
+        warning = check_hook_user(self.settings)
+        if warning:
+            log.warning("%s", warning)
         metrics = self.settings.metrics
         if metrics.enabled:
             # Bound first: a port in use stops the start before the lease is taken, and a daemon

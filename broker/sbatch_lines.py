@@ -210,16 +210,18 @@ def read(text: str) -> tuple[list[Line], list[SpecError]]:
             errors.append(_error(lineno, f"'{stripped}' does not start at the beginning of the line, so sbatch "
                                  "reads it as a comment", "remove the spaces before #SBATCH, or the line"))
         elif _NEAR_MAGIC.match(stripped):
-            errors.append(_error(lineno, f"'{stripped}' is not #SBATCH (capitals, no space after the #), so "
-                                 "sbatch reads it as a comment and its option would have no effect",
-                                 "write it as #SBATCH --..., or remove the line"))
+            errors.append(_error(lineno, f"'{stripped}' is not #SBATCH (in capitals), so sbatch reads it as a "
+                                 "comment and its option would have no effect",
+                                 "write it as #SBATCH --..., or as ##SBATCH to keep it switched off"))
         elif stripped and not stripped.startswith("#"):
             first_command = lineno
     return lines, errors
 
 
-_NEAR_MAGIC = re.compile(r"#\s*sbatch\s+-", re.IGNORECASE)
-"""``#sbatch --mem=16G``, ``# SBATCH -N 2``: meant as a directive, read as a comment."""
+_NEAR_MAGIC = re.compile(r"#(?!SBATCH)[Ss][Bb][Aa][Tt][Cc][Hh][ \t]+-")
+"""``#sbatch --mem=16G``, ``#Sbatch -N 2``: meant as a directive, read as a comment. (``# SBATCH`` and
+``##SBATCH`` are the usual ways to switch a directive off, and ``# sbatch --array=... job.sh`` a usage
+note: those stay comments.)"""
 
 
 def _error(lineno: int, message: str, hint: str) -> SpecError:

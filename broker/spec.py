@@ -24,6 +24,7 @@ Slurm clock forms ("MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") work to
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -689,8 +690,8 @@ class _Parser:
         from broker.pieces import PiecesError, parse_pieces
 
         example = 'e.g. "1-400", "1-400:2" (every second), "1,5,9-12", "1-400%16" (16 at a time)'
-        if not value.isascii():  # the text goes to Slurm as written: its digits must be 0-9
-            raise self.fail("pieces", f"{value!r} is not Slurm's array grammar (write digits as 0-9)", hint=example)
+        if not value.isascii() and self.now is not None:  # the text goes to Slurm as written: digits 0-9
+            raise self.fail("pieces", f"{value!r} is not Slurm's array grammar ({_not_ascii(value)})", hint=example)
         try:
             parsed = parse_pieces(value, chunk)
         except PiecesError as exc:
@@ -991,7 +992,7 @@ class _Parser:
             raise self.fail("time_limit", f"must be a duration string, got {_type_name(value)} {value!r}",
                             hint=DURATION_HELP)
         if isinstance(value, str) and not value.isascii():
-            raise self.fail("time_limit", f"{value!r} is not a duration (write digits as 0-9)", hint=DURATION_HELP)
+            raise self.fail("time_limit", f"{value!r} is not a duration ({_not_ascii(value)})", hint=DURATION_HELP)
         try:
             seconds = value * 60 if isinstance(value, int) else parse_duration(value)
         except ValueError as exc:
@@ -1013,15 +1014,16 @@ class _Parser:
             text = value.strip()
             if text.startswith("+"):
                 if not text.isascii():
-                    raise self.fail("deadline", f"{value!r} is not a relative time (write digits as 0-9)",
+                    raise self.fail("deadline", f"{value!r} is not a relative time ({_not_ascii(text)})",
                                     hint='e.g. "+36h" or "+2d"')
                 if self.now is None:
                     raise self.fail("deadline", f"relative deadline {value!r} has no reference time",
                                     hint="store deadlines as ISO-8601 date-times")
                 try:
                     offset = parse_duration(text[1:])
-                except ValueError:
-                    raise self.fail("deadline", f"{value!r} is not a relative time",
+                except ValueError as exc:
+                    why = "" if str(exc) == "not a duration" else f" ({exc})"
+                    raise self.fail("deadline", f"{value!r} is not a relative time{why}",
                                     hint='e.g. "+36h" or "+2d"') from None
                 if offset > MAX_DEADLINE_AHEAD_S:
                     raise self.fail("deadline", f"{value!r} is more than two years away",
@@ -1030,8 +1032,9 @@ class _Parser:
             else:
                 try:
                     when = from_iso(text)
-                except ValueError:
-                    raise self.fail("deadline", f"{value!r} is not an ISO-8601 date-time",
+                except ValueError as exc:
+                    why = f" ({str(exc).partition(': ')[2]})" if "joined by" in str(exc) else ""
+                    raise self.fail("deadline", f"{value!r} is not an ISO-8601 date-time{why}",
                                     hint='e.g. "2026-10-01T18:00:00+02:00" or "+36h"') from None
         elif isinstance(value, date):  # a TOML date alone
             raise self.fail("deadline", f"{value.isoformat()} is a day, not a moment",
@@ -1106,7 +1109,7 @@ class _Parser:
             import shlex
 
             try:
-                suggestion = repr(shlex.split(value)).replace("'", '"')
+                suggestion = json.dumps(shlex.split(value))
             except ValueError:
                 suggestion = '["prog", "arg"]'
             raise self.fail("command", "must be a list of arguments, not one string (no shell runs it)",
@@ -1126,11 +1129,12 @@ class _Parser:
             total += len(arg.encode("utf-8", "surrogatepass")) + 1
         if not value[0]:
             raise self.fail("command[0]", "the program name is empty")
-        if (" " in value[0] or "\t" in value[0]) and not value[0].startswith("/") and self.now is not None:
+        if (" " in value[0] or "\t" in value[0]) and "/" not in value[0] and self.now is not None:
             # A program named "python t.py" is almost surely two arguments; a path with a space is written whole.
             raise self.fail("command[0]", f"{value[0]!r} is one argument with a space, run as a program of that name",
-                            hint="split it: command = " + repr([*value[0].split(), *value[1:]]).replace("'", '"')
-                            + " (a program whose path has a space: give its absolute path)")
+                            hint="split it: command = " + json.dumps([*value[0].split(), *value[1:]])
+                            + " (or, on the command line, -- " + " ".join(value[0].split()) + " ...; a program "
+                            "whose path has a space: give its path, e.g. ./my tool)")
         if total > MAX_COMMAND_BYTES:
             raise self.fail("command", "longer than 128 KiB", hint="put long input in a file")
         return tuple(value)
@@ -1242,6 +1246,16 @@ def _shown(value: Any) -> str:
 def account_name(name: str) -> str:
     """A Slurm account name as Slurm compares it: account names ignore letter case (stored lower)."""
     return name.lower()
+
+
+def _not_ascii(text: str) -> str:
+    """Why ``text`` is refused: its first character outside ASCII, named, e.g. an en dash pasted
+    from a web page or another script's digit."""
+    import unicodedata
+
+    c = next(ch for ch in text if not ch.isascii())
+    fix = "write digits as 0-9" if unicodedata.numeric(c, None) is not None else "write it in plain ASCII"
+    return f"{c!r} at {text.index(c) + 1} is U+{ord(c):04X} {unicodedata.name(c, 'a character outside ASCII')}; {fix}"
 
 
 def _is_number(text: str) -> bool:

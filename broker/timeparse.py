@@ -62,3 +62,14 @@ def from_iso(text: str) -> datetime:
     if len(t) > sep and t[sep] not in "Tt ":
         raise ValueError(f"{text!r}: a date and a time are joined by 'T' or a space")
     return datetime.fromisoformat(t)
+
+
+def why(exc: Exception) -> str:
+    """`` (reason)`` for a refusal of ``parse_when`` that says more than "not a time", else ``""``:
+    what the reader itself found (a unit missing, a bad separator), never Python's own wording."""
+    text = str(exc)
+    if text in ("", "empty", "not a duration") or text.startswith(("Invalid isoformat", "invalid literal")):
+        return ""
+    if text.startswith("'") and ": " in text:  # "'2026-12-31+02:00': a date and a time are joined ..."
+        text = text.split(": ", 1)[1]
+    return f" ({text})"

@@ -49,16 +49,21 @@ def build_services(settings: Settings, **kwargs: Any) -> Services:
                     backend=backend, policy=policy, **kwargs)
 
 
-def check_hook_user(settings: Settings) -> None:
-    """``hook_user`` names a user of this machine (alert commands run as it): else a ConfigError now,
-    not a failed alert later."""
+def check_hook_user(settings: Settings) -> str | None:
+    """``hook_user`` (who budget alert commands run as) names a user of this machine: a ConfigError
+    now, not a failed alert later. The default, ``nobody``, missing (a minimal image) is only a warning,
+    returned: a lab without alert commands never needs it."""
     import pwd
 
     try:
         pwd.getpwnam(settings.hook_user)
     except KeyError:
+        if settings.hook_user == Settings.hook_user:
+            return (f"hook_user {settings.hook_user!r} (the default) is not a user of this machine: "
+                    "budget alert commands cannot run until it is, or hook_user names one")
         raise ConfigError(f"hook_user = {settings.hook_user!r} is not a user of this machine",
                           hint='budget alert commands run as it: name one that exists (default "nobody")') from None
+    return None
 
 
 def make_policy(settings: Settings) -> policies.Policy:

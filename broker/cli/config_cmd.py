@@ -58,11 +58,10 @@ def start_checks(settings: Any) -> list[str]:
     from broker.wiring import check_hook_user, make_policy
 
     make_policy(settings)
-    check_hook_user(settings)
+    notes = [w for w in [check_hook_user(settings)] if w]
     if settings.node_provider:
         checked_class(settings.node_provider, settings.provider_settings())
-    notes = []
-    if settings.web.trust_proxy_header:
+    if settings.web.trust_proxy_header and settings.metrics.enabled:  # as the daemon: read only with the dashboard
         if os.geteuid() == 0:
             from broker.web.app import read_proxy_secret
 

@@ -8,7 +8,7 @@ import os
 import click
 
 from broker.cli.main import Context
-from policies import names as policy_names
+from broker.cli.params import PolicyOption
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -17,7 +17,7 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.option("--db", "db_url", metavar="URL",
               help="Database URL (sqlite:///PATH or postgresql://...), instead of the settings' db_url.")
 @click.option("--policy", metavar="NAME",
-              help=f"Placement policy, instead of the settings' policy: {', '.join(policy_names())}.")
+              cls=PolicyOption, help="Placement policy, instead of the settings' policy: {policies}.")
 @click.option("--tick", "tick_seconds", type=float,
               help="Seconds between reconcile ticks, instead of the settings' tick_seconds [default 15].")
 @click.option("--wait", "wait_for_lease", is_flag=True, help="If another daemon is active, wait to take over.")

@@ -21,6 +21,10 @@ KINDS = ("render", "simulation", "finetune", "other")
 CHECKPOINT_STYLES = ("signal", "pieces", "none")
 
 
+_KEY_OF = {"script": "script", "sweep": "sweep", "checkpoint dir": "[checkpoint] dir"}
+"""How a job file writes each path ``_file_path`` reads."""
+
+
 def _file_path(path: str, base: str, what: str) -> str:
     """A path the job file names: ``~`` is your home, a relative path is from the job file's folder
     (``base``); an empty one, or one with a shell variable (nothing expands them here), is refused."""
@@ -28,7 +32,7 @@ def _file_path(path: str, base: str, what: str) -> str:
         raise SpecError(f"{what} is empty in the job file", hint=f"give the {what}'s path, or leave the key out")
     if "$" in path:
         raise SpecError(f"{what}: {path!r} holds a shell variable, and nothing expands it",
-                        hint=f"write the path itself, e.g. {what.split()[0]} = \"~/...\" or an absolute path")
+                        hint=f"write the path itself, e.g. {_KEY_OF[what]} = \"~/...\", or an absolute path")
     return os.path.join(base, os.path.expanduser(path))
 
 

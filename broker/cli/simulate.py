@@ -17,8 +17,7 @@ import click
 
 from broker.errors import SpecError
 from broker.amount import MICROS_PER_UNIT
-from broker.cli.params import WHOLE
-from policies import names as policy_names
+from broker.cli.params import WHOLE, PolicyOption
 
 
 def _hours_to_s(h: float, what: str, allow_zero: bool = False) -> int:
@@ -42,7 +41,7 @@ def _price(text: str, what: str) -> int:
               help="Spot trace JSON file, or a folder searched for *.json. Repeat for more.")
 @click.option("--policy", "policy_list", default="greedy,uniform-progress,gbroker,omniscient",
               show_default=True, metavar="NAME[,NAME...]",
-              help=f"Policies to compare, of: {', '.join(policy_names())}.")
+              cls=PolicyOption, help="Policies to compare, of: {policies}.")
 @click.option("--work-hours", type=float, default=48.0, show_default=True, help="W: hours of work.")
 @click.option("--deadline-hours", type=float,
               help="D: hours from submission to the deadline (needed except with --workload).")
@@ -56,7 +55,7 @@ def _price(text: str, what: str) -> int:
 @click.option("--nodes", type=WHOLE, default=1, show_default=True,
               help="Instances the job needs at once (a gang is reclaimed when any node is).")
 @click.option("--starts", type=WHOLE, default=100, show_default=True, help="Start offsets per trace.")
-@click.option("--seed", type=WHOLE, default=0, show_default=True, help="Seed for start offsets (reproducible).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for start offsets (reproducible).")
 @click.option("--workers", type=WHOLE, default=1, show_default=True, help="Processes to use.")
 @click.option("--pools", "pools", is_flag=True,
               help="Several spot pools: the traces (time-aligned, one per pool) are the pools of one job; "
@@ -88,6 +87,7 @@ def simulate(
     not use is refused rather than ignored.
     """
     from broker.sim.trace import load_traces
+    from policies import names as policy_names
 
     mode = "--workload" if workload else "--pools" if pools else None
     unused = {"--workload": ("work_hours", "deadline_hours", "nodes", "starts", "workers", "pools",

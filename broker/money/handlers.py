@@ -91,9 +91,9 @@ def parse_when(text: Any, now: datetime, *, field: str, end_of_day: bool = False
         raise SpecError(f"{field}: give a date or time, e.g. 2026-09-01 or 2026-09-01T08:00:00Z")
     try:
         when = timeparse.parse_when(text, now, end_of_day=end_of_day, tz=tz).astimezone(UTC)
-    except (ValueError, OverflowError):
+    except (ValueError, OverflowError) as exc:
         raise SpecError(
-            f"{field}: {text!r} is not a date or time",
+            f"{field}: {text!r} is not a date or time{timeparse.why(exc)}",
             hint="write 2026-09-01, 2026-09-01T08:00:00Z, now, or +10m",
         ) from None
     return when.replace(microsecond=0)
@@ -428,7 +428,7 @@ def price_list(s: Session, svc: Services, caller: Caller, now: datetime) -> list
 # -- budgets -------------------------------------------------------------------------------
 def _thresholds(value: Any) -> str:
     items = value if isinstance(value, list) else str(value).split(",")
-    texts = [str(v).strip().removesuffix("%") for v in items if str(v).strip()]
+    texts = [str(v).strip().removesuffix("%").strip() for v in items if str(v).strip()]
     if not all(t.isascii() and t.isdigit() for t in texts):  # int() would take 1_0 and other scripts' digits
         raise SpecError(f"thresholds {value!r}: write whole percentages like 50,80,100")
     pcts = sorted({int(t) for t in texts})

@@ -62,8 +62,9 @@ def parse_when(text: str | None, now: datetime) -> datetime | None:
         return None
     try:
         return timeparse.parse_when(text, now)
-    except ValueError:
-        raise SpecError(f"cannot read the time {text!r}", hint="use 2026-09-01, 2026-09-01T08:00 or -7d") from None
+    except ValueError as exc:
+        raise SpecError(f"cannot read the time {text!r}{timeparse.why(exc)}",
+                        hint="use 2026-09-01, 2026-09-01T08:00 or -7d") from None
 
 
 def report(svc: Services, since: str | None, until: str | None) -> dict[str, Any]:

@@ -426,10 +426,18 @@ def test_a_lost_answer_is_retried_and_never_makes_a_second_job(broker_daemon, sl
     job = json.loads(out)
     jobs = ok(d.cli("history", "--json", cwd=work)).json()
     assert [j["id"] for j in jobs] == [job["id"]], jobs
-    names = slurm_cluster.run(["squeue", "-h", "-u", "alice", "-o", "%j"]).stdout.split()
-    sacct = slurm_cluster.run(["sacct", "-n", "-X", "-u", "alice", "-S", "now-10minutes", "-o", "JobName%40"],
-                              check=False).stdout.split()
-    assert len({n for n in names + sacct if n.startswith(job["key"])}) == 1, (names, sacct)
+    # The restarted daemon queues the stored intent on its first ticks: wait for it (at most 60 s),
+    # then Slurm must hold exactly one job of that key.
+    deadline = time.monotonic() + 60
+    while True:
+        names = slurm_cluster.run(["squeue", "-h", "-u", "alice", "-o", "%j"]).stdout.split()
+        sacct = slurm_cluster.run(["sacct", "-n", "-X", "-u", "alice", "-S", "now-10minutes", "-o", "JobName%40"],
+                                  check=False).stdout.split()
+        ours = [n for n in names + sacct if n.startswith(job["key"])]
+        if ours or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(set(ours)) == 1, (names, sacct)
 
 
 # -- 12. small things: bad numbers, nesting, sizes, unreadable files ----------------------------

@@ -600,7 +600,7 @@ def test_an_admin_name_with_a_trailing_newline_is_refused(world: World) -> None:
 def test_thresholds_are_whole_percentages_in_plain_digits(world: World) -> None:
     ops = world.ops()
     b = ops["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": "10",
-                                 "thresholds": "90%, 50,50"})
+                                 "thresholds": "90 %, 50,50"})
     assert b["thresholds"] == "50,90", b
     for bad in ("50,1_0", "50,\u0661\u0660", "50,-5", "half"):
         with pytest.raises(SpecError, match="write whole percentages"):

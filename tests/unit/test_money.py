@@ -26,13 +26,20 @@ def test_a_decimal_comma_is_refused_with_what_to_write():
         parse_money("1,5")
 
 
-@pytest.mark.parametrize("written", ["1,500", "$12,000", "-1,500"])
-def test_one_thousands_group_without_a_point_is_ambiguous(written):
+@pytest.mark.parametrize(("written", "readings"), [("1,500", "1500 or 1.5?"), ("$12,000", "$12000 or $12?"),
+                                                   ("-1,500", "-1500 or -1.5?")])
+def test_one_thousands_group_without_a_point_is_ambiguous(written, readings):
     """1,500 is 1500 in one lab and 1.5 in another: refused, with both readings."""
     with pytest.raises(ValueError, match="is ambiguous") as info:
         parse_money(written)
-    assert f"{written}.00" in str(info.value)
+    assert readings in str(info.value) and f"{written}.00" in str(info.value), str(info.value)
     assert parse_money(f"{written}.00") == parse_money(written.replace(",", ""))
+
+
+@pytest.mark.parametrize("written", ["0,918", "0,918,000", "-0,5"])
+def test_a_leading_zero_group_is_a_decimal_comma(written):
+    with pytest.raises(ValueError, match=r"write the decimal point as '\.'"):
+        parse_money(written)
 
 
 def test_cost_is_exact_and_rounds_half_even_once():

@@ -460,6 +460,24 @@ def test_config_check_checks_what_the_daemon_checks_at_start(tmp_path: Path, tex
     assert f"gbroker: error: {error}" in r.output and f"hint: {hint}" in r.output, r.output
 
 
+def test_a_missing_default_hook_user_is_a_note_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    real = pwd.getpwnam
+
+    def getpwnam(name: str) -> Any:
+        if name == "nobody":  # a minimal image without it
+            raise KeyError(name)
+        return real(name)
+
+    monkeypatch.setattr(pwd, "getpwnam", getpwnam)
+    r = _check(tmp_path, 'tick_seconds = 5\n')
+    assert r.exit_code == 0, r.output
+    assert "note: hook_user 'nobody' (the default) is not a user of this machine" in r.output, r.output
+    r = _check(tmp_path, 'hook_user = "nobody"\n')  # the same name, written: still the default's case
+    assert r.exit_code == 0 and "note: hook_user 'nobody'" in r.output, r.output
+
+
 def test_a_daemon_with_an_unknown_policy_stops_with_a_configuration_error() -> None:
     from broker.wiring import make_policy
 
@@ -477,6 +495,9 @@ def test_config_check_reads_the_proxy_secret_as_root_and_says_so_when_it_cannot(
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     r = _check(tmp_path, PROXIED.format(secret))
     assert r.exit_code == ConfigError.exit_code and f"proxy_secret_file {secret}: No such file" in r.output, r.output
+    no_dashboard = PROXIED.format(secret).replace('[metrics]\nlisten = "127.0.0.1:9464"\n', "")
+    r = _check(tmp_path, no_dashboard)  # the daemon reads the secret only with the dashboard on
+    assert r.exit_code == 0 and "not checked" not in r.output, r.output
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     r = _check(tmp_path, PROXIED.format(secret))
     assert r.exit_code == 0, r.output

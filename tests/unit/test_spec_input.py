@@ -282,3 +282,15 @@ def test_a_program_name_with_a_space_is_two_arguments_written_as_one() -> None:
     assert "'python t.py' is one argument with a space" in str(info.value)
     assert 'command = ["python", "t.py", "--lr", "1"]' in str(info.value)
     assert parse(command=["/opt/My Tools/train", "x"]).command == ("/opt/My Tools/train", "x")
+    assert parse(command=["./my tool", "x"]).command == ("./my tool", "x")
+    with pytest.raises(SpecError) as info:  # the hint is TOML that reads back: JSON strings
+        parse(command=["python -c", "print('hi')"])
+    assert 'command = ["python", "-c", "print(\'hi\')"]' in str(info.value)
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [("pieces", "1\u2013400", "U+2013 EN DASH"),
+                                                       ("time_limit", "2\u00a0h", "U+00A0 NO-BREAK SPACE")])
+def test_a_character_outside_ascii_is_named(field: str, value: str, named: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(**{field: value})
+    assert f"at 2 is {named}; write it in plain ASCII" in str(info.value), str(info.value)

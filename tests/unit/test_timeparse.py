@@ -81,3 +81,13 @@ def test_a_date_and_a_time_are_joined_by_t_or_a_space(bad: str) -> None:
         parse_when(bad, NOW)
     assert parse_when("2026-12-31 08:00+02:00", NOW) == datetime(2026, 12, 31, 6, tzinfo=UTC)
     assert parse_when("20261231T0800Z", NOW) == datetime(2026, 12, 31, 8, tzinfo=UTC)
+
+
+def test_a_refusal_says_what_the_reader_found() -> None:
+    with pytest.raises(SpecError, match=r"'\+1h30' is not a date or time \(the minutes need their unit: write 1h30m\)"):
+        money_when("+1h30", NOW, field="start")
+    with pytest.raises(SpecError, match=r"\(a date and a time are joined by 'T' or a space\)"):
+        report_when("2026-12-31+02:00", NOW)
+    with pytest.raises(SpecError) as info:
+        money_when("2026-13-01T00:00", NOW, field="start")
+    assert "Invalid isoformat" not in str(info.value)
