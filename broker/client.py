@@ -78,7 +78,7 @@ def call(
     sent_once = False
     while True:
         try:
-            msg = _exchange(socket_path, payload, timeout, sent_once)
+            msg = _exchange(socket_path, payload, timeout, sent_once, op)
         except _LostAnswer as lost:
             sent_once = True
             if not repeatable or time.monotonic() - start > LOST_ANSWER_RETRY_SECONDS:
@@ -104,7 +104,7 @@ def call(
         pause = min(pause * 2, 2.0)
 
 
-def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: bool) -> dict[str, Any]:
+def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: bool, op: str) -> dict[str, Any]:
     """One connection: send, read the answer line. _LostAnswer once the request may have left."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -117,7 +117,8 @@ def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: boo
             raise DaemonUnavailable(
                 f"the gbroker daemon is not running (no answer on {socket_path}: {exc.strerror})",
                 hint="start it with `gbroker daemon` (or `systemctl start gbroker`), "
-                "or point --socket / GBROKER_SOCKET at the right socket. Nothing was submitted.",
+                "or point --socket / GBROKER_SOCKET at the right socket. "
+                + ("Nothing was submitted." if op == "submit" else "Nothing was sent to it."),
             ) from None
         except PermissionError:
             raise DaemonUnavailable(

@@ -171,7 +171,14 @@ class Daemon:
         from broker.config import load_settings
 
         systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
-        merged = reload_settings(self.settings, lambda: load_settings(self.config_path, overrides=self.overrides))
+        def load() -> Settings:
+            new = load_settings(self.config_path, overrides=self.overrides)
+            warning = check_hook_user(new)  # as at start: a hook_user that is no user is refused
+            if warning:
+                log.warning("%s", warning)
+            return new
+
+        merged = reload_settings(self.settings, load)
         self.settings = merged
         self.services.settings = merged
         amount.show_in(merged.currency)

@@ -199,6 +199,10 @@ def test_metrics_after_a_reclaim_health_and_a_webhook_down_across_a_restart(slur
         d.proc.send_signal(signal.SIGHUP)
         wait_for("reload refused", lambda: "reload refused, keeping the running settings" in d.log_tail(), 10, d)
         assert "timezone = 'Mars/Olympus' is not a time zone" in d.log_tail()
+        cfg.write_text('hook_user = "no-such-user-here"\n' + good)  # checked as at start
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for("hook_user refused", lambda: "hook_user = 'no-such-user-here' is not a user of this machine"
+                 in d.log_tail(), 10, d)
         cfg.write_text('timezone = "Europe/Berlin"\n' + good.replace("ready_tick_age_seconds = 10",
                                                                      "ready_tick_age_seconds = 20")
                        .replace(f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"))

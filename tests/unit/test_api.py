@@ -96,7 +96,10 @@ def test_errors_keep_message_hint_and_code(server):
 def test_daemon_down_says_what_to_do(tmp_path):
     with pytest.raises(DaemonUnavailable) as err:
         call(str(tmp_path / "absent.sock"), "whoami")
-    assert "gbroker daemon" in str(err.value) and "Nothing was submitted" in str(err.value)
+    assert "gbroker daemon" in str(err.value) and "Nothing was sent to it." in str(err.value)
+    with pytest.raises(DaemonUnavailable) as err:
+        call(str(tmp_path / "absent.sock"), "submit")
+    assert "Nothing was submitted." in str(err.value)
 
 
 def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path, server):
