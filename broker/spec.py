@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from broker.durations import DURATION_HELP, format_duration, parse_duration
 from broker.errors import SpecError
 from broker.timeparse import from_iso
+from broker.timeparse import why as _why
 from broker.jobname import DEFAULT_KIND, MAX_NAME_CHARS, default_name
 
 if TYPE_CHECKING:
@@ -996,8 +997,7 @@ class _Parser:
         try:
             seconds = value * 60 if isinstance(value, int) else parse_duration(value)
         except ValueError as exc:
-            why = "" if str(exc) == "not a duration" else f" ({exc})"
-            raise self.fail("time_limit", f"{value!r} is not a duration{why}", hint=DURATION_HELP) from None
+            raise self.fail("time_limit", f"{value!r} is not a duration{_why(exc)}", hint=DURATION_HELP) from None
         if seconds <= 0:
             raise self.fail("time_limit", f"must be longer than zero, got {value!r}", hint=DURATION_HELP)
         if seconds > MAX_TIME_LIMIT_S:
@@ -1022,8 +1022,7 @@ class _Parser:
                 try:
                     offset = parse_duration(text[1:])
                 except ValueError as exc:
-                    why = "" if str(exc) == "not a duration" else f" ({exc})"
-                    raise self.fail("deadline", f"{value!r} is not a relative time{why}",
+                    raise self.fail("deadline", f"{value!r} is not a relative time{_why(exc)}",
                                     hint='e.g. "+36h" or "+2d"') from None
                 if offset > MAX_DEADLINE_AHEAD_S:
                     raise self.fail("deadline", f"{value!r} is more than two years away",
@@ -1033,8 +1032,7 @@ class _Parser:
                 try:
                     when = from_iso(text)
                 except ValueError as exc:
-                    why = f" ({str(exc).partition(': ')[2]})" if "joined by" in str(exc) else ""
-                    raise self.fail("deadline", f"{value!r} is not an ISO-8601 date-time{why}",
+                    raise self.fail("deadline", f"{value!r} is not an ISO-8601 date-time{_why(exc)}",
                                     hint='e.g. "2026-10-01T18:00:00+02:00" or "+36h"') from None
         elif isinstance(value, date):  # a TOML date alone
             raise self.fail("deadline", f"{value.isoformat()} is a day, not a moment",

@@ -65,10 +65,11 @@ def from_iso(text: str) -> datetime:
 
 
 def why(exc: Exception) -> str:
-    """`` (reason)`` for a refusal of ``parse_when`` that says more than "not a time", else ``""``:
+    """`` (reason)`` for a refusal of ``parse_when`` or its readers (``from_iso``, ``parse_duration``)
+    that says more than "not a time", else ``""``:
     what the reader itself found (a unit missing, a bad separator), never Python's own wording."""
     text = str(exc)
-    if text in ("", "empty", "not a duration") or text.startswith(("Invalid isoformat", "invalid literal")):
+    if text in ("", "not a duration") or text.startswith(("Invalid isoformat", "invalid literal")):
         return ""
     if text.startswith("'") and ": " in text:  # "'2026-12-31+02:00': a date and a time are joined ..."
         text = text.split(": ", 1)[1]
