@@ -128,13 +128,14 @@ def test_lightning_hf_torchrun_and_a_job_script_survive_a_reclaim_and_their_time
         states = [a["state"] for a in job["attempts"]]
         events = "\n".join(f"  {e['at']} {e['kind']}: {e['message']}" for e in job["events"])
         if job["state"] != "completed":
-            problems.append(f"{name}: {job['state']} ({job['reason']}), attempts {states}\n{events}")
+            problems.append(f"{name}: {job['state']} ({job['reason']}), attempts {states}\n{events}\n"
+                            f"  the job's log, its end:\n{log_of(job)[-4000:]}")
             continue
         if job["reclaims"] != 1 or job["failures"] != 0 or "reclaimed" not in states or "continued" not in states:
             sids = sorted({str(a["slurm_job_id"]) for a in job["attempts"]})
             rows = [slurm_cluster.sacct_attempts(sid, "JobID,State,Start,End,ExitCode,Reason") for sid in sids]
             problems.append(f"{name}: reclaims {job['reclaims']}, failures {job['failures']}, attempts {states}\n"
-                            f"{events}\n  sacct: {rows}")
+                            f"{events}\n  sacct: {rows}\n  the job's log, its end:\n{log_of(job)[-4000:]}")
         for a in job["attempts"]:
             if not a["started_at"] or not a["ended_at"] or seconds(a) <= 0:
                 problems.append(f"{name}: attempt {a['number']} ({a['state']}) from {a['started_at']} to "
