@@ -58,10 +58,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_pools import W, half_of, pool_sets  # noqa: E402
+from bench_pools import half_of, pool_setting, pool_sets  # noqa: E402
 
 from broker.sim.engine import SimJob  # noqa: E402
-from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolSetting, PoolWorker, align, run_pools  # noqa: E402
+from broker.sim.pools import BEST_POOL_UP, OPTIMUM, PoolWorker, align, run_pools  # noqa: E402
 from broker.sim.pools_optimum import solve_pools  # noqa: E402
 from broker.sim.single import policy_of  # noqa: E402
 from broker.sim.feed import SpotFeed  # noqa: E402
@@ -277,7 +277,7 @@ def decompose(half: str, ratios: list[float], starts: int, seed: int, base: str,
         traces = align(traces)
         g = traces[0].gap_s
         for r in ratios:
-            s = PoolSetting(W, round(W / r), d, tuple(918_000 for _ in traces), 3_060_000, nodes)
+            s = pool_setting(r, d, len(traces), nodes)
             w = PoolWorker(traces, [base], s, starts, seed)
             job = SimJob(s.work_s, s.deadline_s, s.changeover_s, nodes=s.nodes)
             sp, od = [x * nodes for x in s.spot_micros], s.ondemand_micros * nodes
@@ -380,7 +380,7 @@ def main() -> None:
             continue
         traces = align(traces)
         for r in map(float, a.ratios.split(",")):
-            s = PoolSetting(W, round(W / r), 720, tuple(918_000 for _ in traces), 3_060_000, nodes)
+            s = pool_setting(r, 720, len(traces), nodes)
             w = PoolWorker(traces, [a.base, BEST_POOL_UP, OPTIMUM], s, a.starts, a.seed)
             gs, gb, up = [], [], []
             for off in w.offsets:

@@ -20,10 +20,8 @@ import random
 import time
 from collections import defaultdict
 
-from bench_pools import half_of, pool_sets
-from broker.sim.pools import BEST_POOL_UP, PoolSetting, align, optimum_beaten, simulate_pools, summarize_pools
-
-W = 48 * 3600
+from bench_pools import RATIOS, half_of, meets_target, pool_setting, pool_sets
+from broker.sim.pools import BEST_POOL_UP, align, optimum_beaten, simulate_pools, summarize_pools
 
 SPACE: dict[str, tuple[float, float]] = {
     "pool_prove_changeovers": (2.0, 4.5),
@@ -69,23 +67,22 @@ def main() -> None:
     best_met = 0  # settings that would meet the target if each took its own best draw
     for label, nodes, traces in sets:
         traces = align(traces)
-        for ratio in (0.6, 0.8, 0.9):
+        for ratio in RATIOS:
             for d in (int(x) for x in args.changeovers.split(",")):
-                s = PoolSetting(W, round(W / ratio), d, tuple(918_000 for _ in traces), 3_060_000, nodes)
+                s = pool_setting(ratio, d, len(traces), nodes)
                 samples = simulate_pools(traces, names, s, starts=args.starts, seed=args.seed, workers=args.workers)
                 bad += optimum_beaten(samples)
                 rows = {r["policy"]: r for r in summarize_pools(samples, names, [t.name for t in traces])}
-                up = rows[BEST_POOL_UP]["gap_to_optimal_mean"]
+                up = rows[BEST_POOL_UP]
                 for v in variants:
-                    g = rows[v]["gap_to_optimal_mean"]
-                    gaps[v].append(g)
-                    met[v] += g <= 0.10 and g <= up / 2 and rows[v]["deadline_met"] == 1.0
+                    gaps[v].append(rows[v]["gap_to_optimal_mean"])
+                    met[v] += meets_target(rows[v], up)
                 best = min(variants, key=lambda v: rows[v]["gap_to_optimal_mean"])
-                g = rows[best]["gap_to_optimal_mean"]
-                best_met += g <= 0.10 and g <= up / 2 and rows[best]["deadline_met"] == 1.0
-                print(f"# {label} N={nodes} W/D {ratio} d {d / 3600:g} h: UP-best {100 * up:.1f}%, "
+                best_met += meets_target(rows[best], up)
+                print(f"# {label} N={nodes} W/D {ratio} d {d / 3600:g} h: "
+                      f"UP-best {100 * up['gap_to_optimal_mean']:.1f}%, "
                       f"gbroker {100 * rows['gbroker']['gap_to_optimal_mean']:.1f}%, "
-                      f"best draw {100 * min(rows[v]['gap_to_optimal_mean'] for v in variants):.1f}%", flush=True)
+                      f"best draw {100 * rows[best]['gap_to_optimal_mean']:.1f}%", flush=True)
     n = len(gaps["gbroker"])
     order = sorted(variants, key=lambda v: (-met[v], sum(gaps[v])))
     print(f"\n# sets {args.sets}, changeovers {args.changeovers} s, {args.starts} starts, seed {args.seed}, "
