@@ -38,6 +38,7 @@ This module imports only the standard library: the CLI loads it on every call.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -261,7 +262,47 @@ _ENV = {
     "GBROKER_NODE_JOURNAL": "node_journal",
     "GBROKER_TIMEZONE": "timezone",
     "GBROKER_CURRENCY": "currency",
+    "GBROKER_MAX_NODES": "max_nodes",
+    "GBROKER_MAX_GPUS_PER_NODE": "max_gpus_per_node",
 }
+
+ENV_OTHER = frozenset({
+    "GBROKER_CONFIG",
+    # what gbroker sets in a job's environment (README, "Checkpoints", "Fan-out")
+    "GBROKER_JOB_ID", "GBROKER_ATTEMPT", "GBROKER_CHECKPOINT_DIR", "GBROKER_RESUME_FROM",
+    "GBROKER_WARNING_SIGNAL", "GBROKER_WARNING_SECONDS",
+    "GBROKER_PIECE", "GBROKER_PIECE_FIRST", "GBROKER_PIECE_LAST", "GBROKER_PIECE_STEP",
+    # what it sets for alert, notification and node-provider commands (docs/OPERATIONS.md, docs/PROVIDERS.md)
+    "GBROKER_EVENT", "GBROKER_TEXT", "GBROKER_DELIVERY", "GBROKER_CLUSTER",
+})
+"""``GBROKER_*`` names that are not settings but mean something to gbroker."""
+
+ENV_OTHER_PREFIXES = ("GBROKER_ALERT_", "GBROKER_DEVCLUSTER_", "GBROKER_TEST_", "GBROKER_CI_")
+"""Prefixes of the same: alert commands' variables, and those of the dev cluster and test scripts (contrib/dev)."""
+
+ENV_DEV = frozenset({
+    "GBROKER_VENV", "GBROKER_ML_VENV", "GBROKER_ML_PYTHON", "GBROKER_SLURM_VERSION", "GBROKER_SLURM_ROOT",
+    "GBROKER_SLURM_ROOTS", "GBROKER_DEBIAN_MIRROR", "GBROKER_DEMO_PORT", "GBROKER_DB_PASSWORD",
+    "GBROKER_HOOK_LOG", "GBROKER_CRASH_AT", "GBROKER_ADRS_POLICY",
+})
+"""Names the dev, demo, test and benchmark scripts read (contrib/dev, tests)."""
+
+
+def env_notes(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``GBROKER_*`` variable in ``env`` that gbroker does not know: a
+    mistyped setting would otherwise be ignored in silence. Each names the closest
+    setting when there is one."""
+    env = os.environ if env is None else env
+    known = set(_ENV) | ENV_OTHER | ENV_DEV
+    notes = []
+    for name in sorted(env):
+        if not name.startswith("GBROKER_") or name in known or name.startswith(ENV_OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, sorted(set(_ENV) | {"GBROKER_CONFIG"}), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        notes.append(f"{name} is not a gbroker setting and is ignored{hint}; "
+                     "the variables gbroker reads are listed in the README (\"The daemon\")")
+    return notes
 
 
 AT_LEAST_ZERO = ("max_spot_reclaims", "node_idle_seconds", "node_sweep_grace_seconds")

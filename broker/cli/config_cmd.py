@@ -27,7 +27,7 @@ def config() -> None:
 @pass_ctx
 def check(ctx: Context, path: str | None, as_json: bool) -> None:
     """Check FILE (default: --config, $GBROKER_CONFIG or /etc/gbroker/gbroker.toml) and print the resolved
-    settings: defaults < file < environment. A FILE named here, with --config or in $GBROKER_CONFIG must
+    settings: defaults < file < environment (a GBROKER_ variable it does not know is noted). A FILE named here, with --config or in $GBROKER_CONFIG must
     exist; the default may be missing (the daemon then runs on defaults and the environment). Beyond the file's own keys it
     checks what the daemon checks at start: the policy, hook_user, the node provider and its settings, and
     (run as root) the dashboard proxy's secret file. Exits 0 when the daemon would accept it; else prints what is
@@ -37,7 +37,9 @@ def check(ctx: Context, path: str | None, as_json: bool) -> None:
     named = path or ctx.config_path
     target = named or os.environ.get("GBROKER_CONFIG") or str(DEFAULT_CONFIG_PATH)
     settings = load_settings(named)  # a ConfigError becomes "gbroker: error: ... hint: ..." and its exit code
-    notes = start_checks(settings)
+    from broker.config import env_notes
+
+    notes = start_checks(settings) + env_notes()
     resolved = resolved_dict(settings)
     if as_json:
         click.echo(json.dumps({"file": target, "ok": True, "notes": notes, "settings": resolved},

@@ -47,7 +47,7 @@ def daemon(
     logging.basicConfig(level=getattr(logging, log_level), handlers=[log_handler()])
     for noisy in ("apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from broker.config import load_settings
+    from broker.config import env_notes, load_settings
     from broker.daemon import Daemon
 
     overrides = {
@@ -57,6 +57,8 @@ def daemon(
         "socket": ctx._socket,
     }
     settings = load_settings(ctx.config_path, overrides=overrides)
+    for note in env_notes():
+        logging.getLogger("broker.daemon").warning("%s", note)
     d = Daemon(settings)
     d.config_path, d.overrides = ctx.config_path, overrides  # what SIGHUP reads again
     d.run_forever(wait_for_lease=wait_for_lease)

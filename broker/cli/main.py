@@ -20,14 +20,20 @@ class Context:
     def __init__(self, socket_path: str | None, config_path: str | None) -> None:
         self._socket = socket_path
         self.config_path = config_path
+        self._warned = False
 
     @property
     def socket(self) -> str:
         if self._socket:
             return self._socket
-        from broker.config import load_settings
+        from broker.config import env_notes, load_settings
 
-        return load_settings(self.config_path).socket
+        socket = load_settings(self.config_path).socket
+        if not self._warned:
+            self._warned = True
+            for note in env_notes():  # a mistyped GBROKER_SOCKET would send the command elsewhere
+                click.echo(f"gbroker: warning: {note}", err=True)
+        return socket
 
     def call(self, op: str, *, repeatable: bool = False, **args: Any) -> Any:
         """One request to the daemon; ``repeatable`` ones are sent again if the answer is lost."""

@@ -111,3 +111,35 @@ def test_an_empty_variable_counts_as_unset(tmp_path, monkeypatch):
     s = load_settings(f, env={"GBROKER_DB_URL": "", "GBROKER_TICK_SECONDS": ""})
     assert (s.db_url, s.tick_seconds) == ("sqlite:////srv/gb.db", 15.0)
     assert load_settings(env={"GBROKER_CONFIG": ""}).policy == "gbroker"  # not "cannot read ."
+
+
+def test_the_gang_limits_are_read_from_the_environment():
+    env = {"GBROKER_CONFIG": "/nonexistent/g.toml", "GBROKER_MAX_NODES": "4", "GBROKER_MAX_GPUS_PER_NODE": "2"}
+    s = load_settings(env=env)
+    assert (s.max_nodes, s.max_gpus_per_node) == (4, 2)
+    with pytest.raises(ConfigError, match="max_nodes"):
+        load_settings(env={**env, "GBROKER_MAX_NODES": "0"})
+
+
+def test_a_gbroker_variable_nobody_reads_is_named_with_the_setting_it_resembles():
+    from broker.config import env_notes
+
+    notes = env_notes({"GBROKER_TICK_SECOND": "5", "GBROKER_SOKET": "/tmp/s", "GBROKER_FROBNICATE": "1",
+                       "PATH": "/usr/bin", "GBROKER_SOCKET": "/tmp/s"})
+    assert len(notes) == 3
+    by_name = {n.split()[0]: n for n in notes}
+    assert "did you mean GBROKER_TICK_SECONDS?" in by_name["GBROKER_TICK_SECOND"]
+    assert "did you mean GBROKER_SOCKET?" in by_name["GBROKER_SOKET"]
+    assert "did you mean" not in by_name["GBROKER_FROBNICATE"] and "is ignored" in by_name["GBROKER_FROBNICATE"]
+
+
+def test_what_gbroker_sets_for_jobs_and_hooks_is_not_called_unknown():
+    from broker.config import env_notes
+
+    inside_a_job = {"GBROKER_JOB_ID": "7", "GBROKER_ATTEMPT": "2", "GBROKER_CHECKPOINT_DIR": "/ck",
+                    "GBROKER_RESUME_FROM": "/ck/3", "GBROKER_WARNING_SIGNAL": "USR1", "GBROKER_WARNING_SECONDS": "60",
+                    "GBROKER_PIECE": "4", "GBROKER_PIECE_FIRST": "4", "GBROKER_PIECE_LAST": "7",
+                    "GBROKER_PIECE_STEP": "1", "GBROKER_ALERT_GROUP": "vision", "GBROKER_EVENT": "budget",
+                    "GBROKER_TEST_LANES": "1", "GBROKER_DEVCLUSTER_DIR": "/tmp/dc", "GBROKER_CONFIG": "/etc/g.toml",
+                    "GBROKER_MAX_NODES": "4"}
+    assert env_notes(inside_a_job) == []

@@ -650,3 +650,19 @@ def test_the_listener_serves_three_read_only_pages_and_says_when_its_port_is_tak
             OpsListener(world.svc, stats, "127.0.0.1", ops.address[1])
     finally:
         ops.stop()
+
+
+def test_config_check_and_every_command_name_a_gbroker_variable_nobody_reads(tmp_path: Path) -> None:
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+
+    path = tmp_path / "gbroker.toml"
+    path.write_text(f'socket = "{tmp_path}/none.sock"\n')
+    env = {"GBROKER_DB_URL": "", "GBROKER_SOCKT": f"{tmp_path}/meant.sock", "GBROKER_CONFIG": str(path),
+           "GBROKER_SOCKET": None}
+    r = CliRunner().invoke(cli, ["config", "check"], env=env)
+    assert r.exit_code == 0, r.output
+    assert "note: GBROKER_SOCKT is not a gbroker setting and is ignored (did you mean GBROKER_SOCKET?)" in r.output
+    r = CliRunner().invoke(cli, ["status"], env=env)
+    assert r.exit_code != 0
+    assert "gbroker: warning: GBROKER_SOCKT is not a gbroker setting and is ignored" in r.output
+    assert f"{tmp_path}/none.sock" in r.output  # the command still says where it looked
