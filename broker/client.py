@@ -497,9 +497,13 @@ class Client:
         if not self._socket:
             self._socket = os.environ.get("GBROKER_SOCKET") or None
         if not self._socket:
-            from broker.config import load_settings  # only when no socket is named: it is the slow part
+            import warnings
+
+            from broker.config import env_notes, load_settings  # only when no socket is named: it is the slow part
 
             self._socket = load_settings(self.config_path).socket
+            for note in env_notes():  # as the CLI: a mistyped GBROKER_SOCKET would send the calls elsewhere
+                warnings.warn(note, UserWarning, stacklevel=2)
         return self._socket
 
     def call(self, op: str, *, repeatable: bool = False, **args: Any) -> Any:

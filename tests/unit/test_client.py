@@ -250,3 +250,19 @@ def test_a_busy_answer_given_before_the_request_was_read_is_retried(tmp_path: Pa
         t.join(10)
         srv.close()
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_a_client_that_finds_its_socket_in_the_settings_warns_of_a_gbroker_variable_nobody_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "gbroker.toml"
+    path.write_text(f'socket = "{tmp_path}/s.sock"\n')
+    monkeypatch.delenv("GBROKER_SOCKET", raising=False)
+    monkeypatch.setenv("GBROKER_SOCKT", f"{tmp_path}/meant.sock")
+    with pytest.warns(UserWarning, match=r"GBROKER_SOCKT is not a gbroker setting .*did you mean GBROKER_SOCKET"):
+        assert Client(config_path=str(path)).socket_path == f"{tmp_path}/s.sock"
+    monkeypatch.delenv("GBROKER_SOCKT")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Client(config_path=str(path)).socket_path == f"{tmp_path}/s.sock"
