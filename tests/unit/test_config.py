@@ -143,3 +143,21 @@ def test_what_gbroker_sets_for_jobs_and_hooks_is_not_called_unknown():
                     "GBROKER_TEST_LANES": "1", "GBROKER_DEVCLUSTER_DIR": "/tmp/dc", "GBROKER_CONFIG": "/etc/g.toml",
                     "GBROKER_MAX_NODES": "4"}
     assert env_notes(inside_a_job) == []
+
+
+def test_every_gbroker_name_in_the_code_and_scripts_is_known():
+    """The names gbroker sets for jobs and hooks are listed by hand (broker.config.ENV_OTHER);
+    one added in the code or a script without it would be reported to users as a typo."""
+    import re
+    from pathlib import Path
+
+    from broker.config import env_notes
+
+    root = Path(__file__).resolve().parents[2]
+    names = set()
+    for folder in ("broker", "contrib", "policies"):
+        for f in (root / folder).rglob("*"):
+            if f.is_file() and f.suffix in ("", ".py", ".sh", ".toml", ".service"):
+                names |= set(re.findall(r"GBROKER_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])", f.read_text(errors="replace")))
+    assert len(names) > 30
+    assert env_notes({n: "1" for n in names}) == []
