@@ -38,7 +38,6 @@ This module imports only the standard library: the CLI loads it on every call.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -287,18 +286,23 @@ ENV_DEV = frozenset({
 })
 """Names the dev, demo, test and benchmark scripts read (contrib/dev, tests)."""
 
+_ENV_KNOWN = frozenset(_ENV) | ENV_OTHER | ENV_DEV
+
 
 def env_notes(env: Mapping[str, str] | None = None) -> list[str]:
     """One line per ``GBROKER_*`` variable in ``env`` that gbroker does not know: a
     mistyped setting would otherwise be ignored in silence. Each names the closest
     setting when there is one."""
     env = os.environ if env is None else env
-    known = set(_ENV) | ENV_OTHER | ENV_DEV
+    unknown = sorted(name for name in env if name.startswith("GBROKER_") and name not in _ENV_KNOWN
+                     and not name.startswith(ENV_OTHER_PREFIXES))
+    if not unknown:
+        return []
+    import difflib  # only with something to report: this module is on every command's start-up path
+
     notes = []
-    for name in sorted(env):
-        if not name.startswith("GBROKER_") or name in known or name.startswith(ENV_OTHER_PREFIXES):
-            continue
-        close = difflib.get_close_matches(name, sorted(set(_ENV) | {"GBROKER_CONFIG"}), n=1, cutoff=0.75)
+    for name in unknown:
+        close = difflib.get_close_matches(name, [*_ENV, "GBROKER_CONFIG"], n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""
         notes.append(f"{name} is not a gbroker setting and is ignored{hint}; "
                      "the variables gbroker reads are listed in the README (\"The daemon\")")

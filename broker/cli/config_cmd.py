@@ -32,13 +32,11 @@ def check(ctx: Context, path: str | None, as_json: bool) -> None:
     checks what the daemon checks at start: the policy, hook_user, the node provider and its settings, and
     (run as root) the dashboard proxy's secret file. Exits 0 when the daemon would accept it; else prints what is
     wrong and how to fix it, and exits with the configuration error's code."""
-    from broker.config import DEFAULT_CONFIG_PATH, load_settings
+    from broker.config import DEFAULT_CONFIG_PATH, env_notes, load_settings
 
     named = path or ctx.config_path
     target = named or os.environ.get("GBROKER_CONFIG") or str(DEFAULT_CONFIG_PATH)
     settings = load_settings(named)  # a ConfigError becomes "gbroker: error: ... hint: ..." and its exit code
-    from broker.config import env_notes
-
     notes = start_checks(settings) + env_notes()
     resolved = resolved_dict(settings)
     if as_json:
