@@ -28,7 +28,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,14 +62,22 @@ def future(rng: random.Random, m: MarketView, nodes: int, windows: Sequence[int]
     o_mean = sum(outages) / len(outages) if outages else 3600.0
     t = _draws(rng, windows if up else outages, age, w_mean if up else o_mean)
     changes = [t]
-    state = not up
+    renew(rng, changes, t, not up, windows, outages, horizon, lambda state: rng.expovariate(
+        1 / (w_mean if state else o_mean)))
+    return up, -age, changes
+
+
+def renew(rng: random.Random, changes: list[float], t: float, state: bool, windows: Sequence[int],
+          outages: Sequence[int], horizon: float, empty: Callable[[bool], float]) -> None:
+    """Append to ``changes`` the ends of phases drawn from the observed ones, alternating from
+    ``state`` at time ``t`` until past ``horizon`` (``empty`` gives a length when none was
+    observed), then a sentinel no job reaches."""
     while t < horizon:
         src = windows if state else outages
-        t += rng.choice(src) if src else rng.expovariate(1 / (w_mean if state else o_mean))
+        t += rng.choice(src) if src else empty(state)
         changes.append(t)
         state = not state
     changes.append(1e18)
-    return up, -age, changes
 
 
 def timeline(m: MarketView, nodes: int) -> tuple[bool, list[float]]:
@@ -197,9 +205,6 @@ class Rollout:
 DIAG: list[tuple[float, float, int]] = []
 """With ``diagnose``: (predicted, true) cost of leaving less that of staying, analog candidates."""
 
-ORACLE_STATS = [0, 0]
-"""Rollouts run, and how many said leave (per process)."""
-
 _NOW: tuple = ()
 """(feeds, offset) of the job being simulated, for the oracle check only."""
 
@@ -265,17 +270,13 @@ class GBrokerRolloutPolicy(GBrokerPolicy):
         return PoolPlacement(base.capacity, None, base.reason, max(1, step - age % step))
 
     def _leave_pays(self, job: JobView, markets: Sequence[MarketView], best: int) -> bool:
-        ORACLE_STATS[0] += 1
         if self.oracle and _NOW:
-            return self._oracle_pays(job, markets, best)
+            stay, leave = self._oracle_costs(job, markets, best)
+            return leave < stay
         left = float(job.time_left_s or 0)
         work = float(job.work_left_s)
         d = float(job.changeover_s)
-        gpus = job.gpus
-        od = markets[0].ondemand_price_micros * gpus / 3600
-        sp = [m.spot_price_micros * gpus / 3600 for m in markets]
-        sim = Rollout(d, od, sp, self.pool_prove_changeovers * d, float(self.od_ratio),
-                      float(markets[0].step_s))
+        sim = self._rollout(job, markets)
         all_w = [x for m in markets for x in m.spot_windows_s]
         all_o = [x for m in markets for x in m.spot_outages_s]
         rng = random.Random(hash((self.seed, job.elapsed_s, best, job.work_s)))
@@ -296,18 +297,10 @@ class GBrokerRolloutPolicy(GBrokerPolicy):
                 ch = [x - tau for x in tg if x > tau]
                 if ch and ch[-1] >= -tau - 1e-9:
                     ch.pop()  # the start of the current phase: the replay ends there
-                state = st if len(ch) % 2 == 0 else not st
-                t = -tau
-                while t < left + 1:
-                    src = ws if state else os_
-                    t += rng.choice(src) if src else 3600.0
-                    ch.append(t)
-                    state = not state
-                ch.append(1e18)
+                renew(rng, ch, -tau, st if len(ch) % 2 == 0 else not st, ws, os_, left + 1, lambda _: 3600.0)
                 fut.append((u, -float((m.spot_up_s if u else m.spot_down_s) or 0), ch))
             stay += sim.run(fut, work, left, 1, 0, 0.0)
             leave += sim.run(fut, work, left, 2, best, d)
-        ORACLE_STATS[1] += leave < stay * (1 - self.margin)
         if self.diagnose and _NOW:
             true = self._oracle_costs(job, markets, best)
             DIAG.append(((leave - stay) / self.scenarios, true[1] - true[0], len(taus)))
@@ -334,18 +327,17 @@ class GBrokerRolloutPolicy(GBrokerPolicy):
                     ch.append(float((i - i0) * g))
             ch.append(1e18)
             fut.append((up, -age, ch))
+        sim = self._rollout(job, markets)
+        stay = sim.run(fut, float(job.work_left_s), left, 1, 0, 0.0)
+        leave = sim.run(fut, float(job.work_left_s), left, 2, best, float(job.changeover_s))
+        return stay, leave
+
+    def _rollout(self, job: JobView, markets: Sequence[MarketView]) -> Rollout:
+        """gbroker's rule for this job and these prices, in money per second."""
         d = float(job.changeover_s)
         od = markets[0].ondemand_price_micros * job.gpus / 3600
         sp = [m.spot_price_micros * job.gpus / 3600 for m in markets]
-        sim = Rollout(d, od, sp, self.pool_prove_changeovers * d, float(self.od_ratio), float(markets[0].step_s))
-        stay = sim.run(fut, float(job.work_left_s), left, 1, 0, 0.0)
-        leave = sim.run(fut, float(job.work_left_s), left, 2, best, d)
-        return stay, leave
-
-    def _oracle_pays(self, job: JobView, markets: Sequence[MarketView], best: int) -> bool:
-        stay, leave = self._oracle_costs(job, markets, best)
-        ORACLE_STATS[1] += leave < stay
-        return leave < stay
+        return Rollout(d, od, sp, self.pool_prove_changeovers * d, float(self.od_ratio), float(markets[0].step_s))
 
 
 def main() -> None:
@@ -356,7 +348,8 @@ def main() -> None:
     ap.add_argument("--sets", choices=("A", "B", "all"), default="A")
     ap.add_argument("--changeover", type=int, default=720)
     ap.add_argument("--variants", nargs="*", default=["scenarios=16"],
-                    help="options of gbroker-rollout, each as key=value;key=value (JSON values)")
+                    help="options of gbroker-rollout, each as key=value;key=value (JSON values); "
+                         "diagnose=true prints its figures with --workers 1 only")
     args = ap.parse_args()
     names = ["gbroker"]
     for v in args.variants:
@@ -394,7 +387,7 @@ def main() -> None:
               f"sign agrees {agree:.2f}; leave truly cheaper {sum(t < 0 for _, t, _ in DIAG) / n:.2f}, "
               f"predicted {sum(p < 0 for p, _, _ in DIAG) / n:.2f}; analog candidates mean "
               f"{sum(c for _, _, c in DIAG) / n:.0f}")
-    print(f"\nrollouts (this process): {ORACLE_STATS[0]}, leave: {ORACLE_STATS[1]}; {time.monotonic() - started:.0f} s")
+    print(f"\n{time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
