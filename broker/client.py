@@ -377,11 +377,14 @@ ENDED = frozenset({"completed", "failed", "cancelled", "timeout", "deadline_miss
 
 
 class SubmitResult(Record):
-    """What ``submit`` answered: the job as stored, its first Slurm job id (None: submitted later), a note."""
+    """What ``submit`` answered: the job as stored, its first Slurm job id (None: submitted later), a note,
+    and cautions: values the request wrote that Slurm reads otherwise than people often mean
+    (``time_limit = "1:30"`` is 90 seconds), taken as Slurm takes them."""
 
     job: Job
     slurm_job_id: int | None
     note: str | None
+    cautions: tuple[str, ...] = ()
     raw: dict[str, Any]
 
     @property
@@ -391,8 +394,10 @@ class SubmitResult(Record):
     @classmethod
     def from_dict(cls, data: Any) -> SubmitResult:
         d = _dict(data, "submit answer")
+        said = d.get("cautions")
+        cautions = tuple(c for c in said if isinstance(c, str)) if isinstance(said, list) else ()
         return cls(job=Job.from_dict(d), slurm_job_id=_opt_int(d, "slurm_job_id"), note=_opt_str(d, "note") or None,
-                   raw=d)
+                   cautions=cautions, raw=d)
 
 
 class Cancelled(Record):

@@ -75,6 +75,8 @@ MAX_CPUS_PER_NODE = 1024
 MAX_MEM_PER_NODE_MB = 16 * 1024 * 1024
 """Memory a job may ask for on one node: 16 TiB (mem, or mem_per_gpu x GPUs)."""
 
+_MINUTES_SECONDS = re.compile(r"\s*([0-9]+):([0-9]+)\s*")
+"""A duration written M:SS, which Slurm (and ``parse_duration``) read as minutes and seconds."""
 SIZE_RE = re.compile(r"([0-9]{1,12})(?:([KMGTkmgt])[Bb]?)?")
 """Digits are ASCII 0-9 only: ``\\d`` would also take other scripts' digits."""
 SIZE_UNIT_MB = {"M": 1, "G": 1024, "T": 1024 * 1024}
@@ -197,6 +199,9 @@ class JobSpec:
     """A sweep: the arguments of each piece (piece i gets line i), appended to the command."""
     after: tuple[int, ...] = ()
     """gbroker jobs that must complete before this one is submitted (``afterok``)."""
+    cautions: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """Values as written that Slurm reads otherwise than people often mean ("1:30" is 90 seconds):
+    said back at submit, never stored, and no part of the job's identity."""
 
     @property
     def is_array(self) -> bool:
@@ -462,12 +467,23 @@ class _Parser:
         self.read_lines = read_lines
         self.sources: dict[str, str] = {}
         """Fields an #SBATCH line set, and which line (for messages)."""
+        self.cautions: list[str] = []
+        """What a new request wrote that Slurm reads otherwise than people often mean (``JobSpec.cautions``)."""
 
     # -- helpers ---------------------------------------------------------------
 
     @staticmethod
     def fail(fld: str, message: str, hint: str | None = None) -> SpecError:
         return SpecError(f"{fld}: {message}", hint=hint)
+
+    def caution(self, fld: str, value: Any, what: str) -> None:
+        """Note a value a new request wrote that Slurm reads otherwise than people often mean; it is
+        taken as Slurm takes it (a request is never rewritten), and the note is said back at submit."""
+        if self.now is None:  # a stored spec, read back: it was said when it was submitted
+            return
+        shown = f'"{value.strip()}"' if isinstance(value, str) else str(value)
+        where = f", from {self.sources[fld]}," if fld in self.sources else ""
+        self.cautions.append(f"{fld} {shown}{where} {what}")
 
     @staticmethod
     def check_keys(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -609,6 +625,7 @@ class _Parser:
             signal_lead_s=signal_lead_s, warning_signal=warning_signal, tasks_per_node=tasks_per_node,
             gpu_types=gpu_types, gpu_mem_gb=gpu_mem_gb, cpus_per_gpu=cpus_per_gpu, cpus_per_task=cpus_per_task,
             mem_per_gpu_mb=mem_per_gpu_mb, mem_mb=mem_mb, pieces=pieces, chunk=chunk, sweep=sweep, after=after,
+            cautions=tuple(self.cautions),
         )
         check(self.check_resources, spec, fallback=None)
         if errors:
@@ -701,6 +718,10 @@ class _Parser:
             raise self.fail("chunk", f"chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
                             f"\"1-400:5\"); {value.strip()!r} has gaps of different sizes, so a chunk would run "
                             "indices nobody asked for", hint="leave chunk out, or submit one array per range")
+        if value.strip().isdigit() and int(value) > 1:
+            n = int(value)
+            self.caution("pieces", value, f"is one piece, index {n} (Slurm's --array grammar); "
+                         f'if you meant {n} pieces, write "1-{n}"')
         return value.strip() if parsed.indices else None
 
     def after(self, data: Mapping[str, Any]) -> tuple[int, ...]:
@@ -761,6 +782,7 @@ class _Parser:
 
         found, refused = sbatch_lines.read(script)
         errors.extend(refused)
+        said = len(self.cautions)  # the checks here only compare: each field's own check says its caution
         merged = dict(data)
         checkers = self.line_fields()
         seen: dict[str, tuple[sbatch_lines.Line, Any]] = {}
@@ -794,6 +816,7 @@ class _Parser:
                 continue
             merged[line.key] = line.value
             self.sources[line.key] = line.where
+        del self.cautions[said:]
         return merged
 
     def line_fields(self) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
@@ -893,6 +916,10 @@ class _Parser:
                             hint=f"{example}; sbatch reads 0 as all of a node's memory, so gbroker needs a size")
         if mb > MAX_MEM_PER_NODE_MB:
             raise self.fail(fld, f"{value!r} is more than 16 TiB", hint=example)
+        if mb < 1024 and (isinstance(value, int) or value.strip().isdigit()):
+            per = "per GPU" if fld == "mem_per_gpu" else "per node"
+            self.caution(fld, value, f"is {mb} MB {per} (a bare number is MB, as sbatch reads it); "
+                         f'if you meant gigabytes, write "{mb}G"')
         return mb
 
     def group(self, data: Mapping[str, Any]) -> str:
@@ -1002,6 +1029,11 @@ class _Parser:
             raise self.fail("time_limit", f"must be longer than zero, got {value!r}", hint=DURATION_HELP)
         if seconds > MAX_TIME_LIMIT_S:
             raise self.fail("time_limit", f"{value!r} is longer than a year", hint="split the work into shorter jobs")
+        clock = _MINUTES_SECONDS.fullmatch(value) if isinstance(value, str) else None
+        if clock is not None and int(clock.group(1)) < 24:
+            meant = format_duration(int(clock.group(1)) * 3600 + int(clock.group(2)) * 60)
+            self.caution("time_limit", value, f"is {format_duration(seconds)} (minutes:seconds, as sbatch reads it); "
+                         f'if you meant {meant}, write "{clock.group(1)}:{int(clock.group(2)):02d}:00" or "{meant}"')
         return seconds
 
     def deadline(self, data: Mapping[str, Any], time_limit_s: int | None) -> datetime | None:

@@ -37,7 +37,14 @@ def _file_path(path: str, base: str, what: str) -> str:
 
 
 def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
-    """Merge a TOML job file with flags (flags win) into the fields the daemon checks.
+    """The fields the daemon checks (``build_request`` without its cautions)."""
+    return build_request(job_file, flags, command)[0]
+
+
+def build_request(job_file: str | None, flags: dict[str, Any],
+                  command: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Merge a TOML job file with flags (flags win) into the fields the daemon checks, and the
+    cautions of the parse made here (``JobSpec.cautions``; a job parsed by the daemon gets its own).
 
     Files (the job file, a script, a sweep) are read here, as the user, so the
     daemon never opens a path a user names: a job that names one is parsed
@@ -117,12 +124,13 @@ def build_spec(job_file: str | None, flags: dict[str, Any], command: tuple[str, 
             from broker.jobname import DEFAULT_KIND, default_name
 
             data["name"] = default_name(data.get("command"), None, data.get("kind") or DEFAULT_KIND)
-        return data
+        return data, ()
     from datetime import UTC, datetime
 
     from broker.spec import parse_spec, spec_to_dict
 
-    return spec_to_dict(parse_spec(data, now=datetime.now(UTC)))
+    spec = parse_spec(data, now=datetime.now(UTC))
+    return spec_to_dict(spec), spec.cautions
 
 
 @cli.command()
@@ -194,18 +202,21 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
         job_file, command = args[0], args[1:]
         if not os.path.isfile(job_file):
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
-    spec = build_spec(job_file, flags, command)
+    spec, cautions = build_request(job_file, flags, command)
     # The key is made here (by the client), so a retry after a lost answer (a daemon restart)
     # names the same job.
     result = client_of(ctx).submit(spec, key=key)
+    said = tuple(dict.fromkeys(cautions + result.cautions))  # a job file's parse here, the daemon's of the rest
     if as_json:
-        print_json(result.raw)
+        print_json({**result.raw, "cautions": list(said)} if said else result.raw)
         return
     job = result.job
     slurm = f", Slurm job {result.slurm_job_id}" if result.slurm_job_id else ""
     click.echo(f"Submitted job {job.id} ({job.name}) to {job.partition} [{job.capacity}]{slurm}")
     if result.note:
         click.echo(f"  note: {result.note}")
+    for caution in said:
+        click.echo(f"  note: {caution}")
 
 
 def _job_numbers(text: str) -> list[int]:

@@ -77,7 +77,7 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
     )
     again = _already_submitted(svc, caller, key, spec, now)
     if again is not None:
-        return again
+        return _with_cautions(again, spec)
     _check_can_submit(svc, caller)
 
     pools = fitting_pools(svc, spec)  # none fits: refused here, with each pool's reason
@@ -117,7 +117,7 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
                 svc.files.remove(caller.name, log_path)
             again = _already_submitted(svc, caller, key, spec, now)
             assert again is not None, "the key's job is gone"
-            return again
+            return _with_cautions(again, spec)
         except BaseException:
             if made_here:  # refused after all: leave nothing behind (a client removes the log it made)
                 svc.files.remove(caller.name, log_path)
@@ -127,10 +127,18 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
         answer = _submit_stored(svc, spec, job_id, attempt_id, note, now, early,
                                 first_request(job_id) if plain else None)
         answer["log"] = log_path
-        return answer
+        return _with_cautions(answer, spec)
     finally:
         if early is not None:
             early[1].abort()  # not given its script (refused, or the request changed): nothing is queued
+
+
+def _with_cautions(answer: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """The answer with what the request wrote that Slurm reads otherwise than people often mean
+    (``JobSpec.cautions``: "1:30" is 90 seconds), so the user sees it at once."""
+    if spec.cautions:
+        answer["cautions"] = list(spec.cautions)
+    return answer
 
 
 Early = tuple[SubmitRequest, StartedSubmit]

@@ -266,3 +266,45 @@ def test_a_client_that_finds_its_socket_in_the_settings_warns_of_a_gbroker_varia
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Client(config_path=str(path)).socket_path == f"{tmp_path}/s.sock"
+
+
+def test_submit_says_what_slurm_reads_otherwise_once_from_flags_and_from_a_job_file(
+        daemon: tuple[World, Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time 1:30 is 90 seconds, as sbatch reads it: the job is submitted as written and the user is told,
+    whether the daemon parsed the request (flags) or the CLI did (a job file), and each once."""
+    import json
+
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+
+    world, client = daemon
+    monkeypatch.chdir(tmp_path)
+
+    def gb(*args: str) -> str:
+        out = CliRunner().invoke(cli, ["--socket", client.socket_path, *args], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    time_said = 'time_limit "1:30" is 1m30s (minutes:seconds, as sbatch reads it); if you meant 1h30m'
+    mem_said = 'mem "16" is 16 MB per node (a bare number is MB, as sbatch reads it)'
+    out = gb("submit", "--group", "vision", "--time", "1:30", "--mem", "16", "--", "sleep", "5")
+    notes = [line for line in out.splitlines() if line.startswith("  note: ")]
+    assert len(notes) == 2 and time_said in notes[0] and mem_said in notes[1], out
+    job = client.show(int(out.split()[2]))
+    assert world.slurm.jobs_by_id[job.slurm_job_id].limit_s == 120  # taken as written: 90 s (Slurm's whole minutes)
+
+    (tmp_path / "job.toml").write_text('group = "vision"\ntime_limit = "1:30"\nmem = 16\npieces = "40"\n'
+                                       'command = ["sleep", "5"]\n')
+    out = gb("submit", "job.toml")
+    notes = [line for line in out.splitlines() if line.startswith("  note: ")]
+    assert len(notes) == 3, out  # pieces stays "40" in what the CLI sends: the daemon says it too, shown once
+    assert time_said in notes[0] and 'mem 16 is 16 MB per node' in notes[1] and 'pieces "40" is one piece' in notes[2]
+    answer = json.loads(gb("submit", "--json", "job.toml"))
+    assert len(answer["cautions"]) == 3 and time_said in answer["cautions"][0]
+
+    result = client.submit(_spec(tmp_path, time="2:00"))
+    assert result.cautions == ('time_limit "2:00" is 2m (minutes:seconds, as sbatch reads it); if you meant 2h, '
+                               'write "2:00:00" or "2h"',)
+    assert client.submit(_spec(tmp_path, time="2h")).cautions == ()

@@ -294,3 +294,57 @@ def test_a_character_outside_ascii_is_named(field: str, value: str, named: str) 
     with pytest.raises(SpecError) as info:
         parse(**{field: value})
     assert f"at 2 is {named}; write it in plain ASCII" in str(info.value), str(info.value)
+
+
+# -- what Slurm reads otherwise than people often mean: taken as written, and said ------------------
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"time_limit": "1:30"},
+     'time_limit "1:30" is 1m30s (minutes:seconds, as sbatch reads it); if you meant 1h30m, '
+     'write "1:30:00" or "1h30m"'),
+    ({"time_limit": "12:00"},
+     'time_limit "12:00" is 12m (minutes:seconds, as sbatch reads it); if you meant 12h, write "12:00:00" or "12h"'),
+    ({"mem": 16}, 'mem 16 is 16 MB per node (a bare number is MB, as sbatch reads it); '
+                  'if you meant gigabytes, write "16G"'),
+    ({"mem_per_gpu": " 64 "}, 'mem_per_gpu "64" is 64 MB per GPU (a bare number is MB, as sbatch reads it); '
+                              'if you meant gigabytes, write "64G"'),
+    ({"pieces": "40"}, 'pieces "40" is one piece, index 40 (Slurm\'s --array grammar); '
+                       'if you meant 40 pieces, write "1-40"'),
+])
+def test_a_value_slurm_reads_otherwise_is_taken_as_written_and_said(fields: dict[str, Any], said: str) -> None:
+    spec = parse(**fields)
+    assert spec.cautions == (said,)
+    assert (spec.time_limit_s, spec.mem_mb, spec.mem_per_gpu_mb, spec.pieces) == (
+        {"1:30": 90, "12:00": 720}.get(fields.get("time_limit", ""), 7200), 16 if "mem" in fields else None,
+        64 if "mem_per_gpu" in fields else None, fields.get("pieces"))
+
+
+@pytest.mark.parametrize("fields", [
+    {"time_limit": "24:00"}, {"time_limit": "45:00"}, {"time_limit": "90"}, {"time_limit": "1:30:00"},
+    {"time_limit": "1h30m"}, {"time_limit": "0-1:30"}, {"mem": "16M"}, {"mem": "16G"}, {"mem": 2048},
+    {"mem": "1024"}, {"mem_per_gpu": "512m"}, {"pieces": "1"}, {"pieces": "1-40"}, {"pieces": "40,41"},
+])
+def test_what_reads_as_people_mean_it_is_not_cautioned(fields: dict[str, Any]) -> None:
+    assert parse(**fields).cautions == ()
+
+
+def test_cautions_are_said_once_and_are_no_part_of_the_job() -> None:
+    spec = parse(time_limit="1:30", mem=16, pieces="40")
+    assert len(spec.cautions) == 3
+    plain = parse(time_limit="90s", mem="16M", pieces="40")
+    assert plain.cautions == ('pieces "40" is one piece, index 40 (Slurm\'s --array grammar); '
+                              'if you meant 40 pieces, write "1-40"',)
+    assert spec == plain and hash(spec) == hash(plain) and "cautions" not in spec_to_dict(spec)
+    # The daemon's check of the fields a job file's parse sent: its time and size are written out
+    # ("90s", "16M"), so only what stays as written is said again (the CLI says each once).
+    assert spec_from_dict(spec_to_dict(spec), now=NOW).cautions == plain.cautions
+    assert spec_from_dict(spec_to_dict(spec)).cautions == ()  # a stored spec, read back: said at its submit
+
+
+def test_a_caution_names_the_sbatch_line_that_wrote_the_value() -> None:
+    spec = parse_spec({"group": "vision-lab", "script": {"text": "#!/bin/bash\n#SBATCH --time=2:00\nhostname\n"}},
+                      now=NOW)
+    assert spec.time_limit_s == 120
+    assert spec.cautions == ('time_limit "2:00", from script line 2 (\'#SBATCH --time=2:00\'), is 2m (minutes:seconds, '
+                             'as sbatch reads it); if you meant 2h, write "2:00:00" or "2h"',)
