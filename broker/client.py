@@ -504,9 +504,9 @@ class Client:
         if not self._socket:
             import warnings
 
-            from broker.config import env_notes, load_settings  # only when no socket is named: it is the slow part
+            from broker.config import client_socket, env_notes  # only when no socket is named: it is the slow part
 
-            self._socket = load_settings(self.config_path).socket
+            self._socket = client_socket(self.config_path)
             for note in env_notes():  # as the CLI: a mistyped GBROKER_SOCKET would send the calls elsewhere
                 warnings.warn(note, UserWarning, stacklevel=2)
         return self._socket

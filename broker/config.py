@@ -494,15 +494,9 @@ def load_settings(
     """Resolve the settings once: defaults < file < environment < flags."""
     env = os.environ if env is None else env
     settings = Settings()
-    file_path = Path(path) if path else Path(env.get("GBROKER_CONFIG") or DEFAULT_CONFIG_PATH)  # empty: unset
-    if file_path.exists():
-        try:
-            data = tomllib.loads(file_path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {file_path}: {exc}", hint="fix the file") from None
-        settings = replace(settings, **_from_mapping(data, str(file_path)))
-    elif path:
-        raise ConfigError(f"config file {file_path} does not exist")
+    data, source = _settings_file(path, env)
+    if data is not None:
+        settings = replace(settings, **_from_mapping(data, source))
     from_env = {attr: env[var] for var, attr in _ENV.items() if env.get(var)}
     settings = replace(settings, **_from_mapping(from_env, "environment"))
     if overrides:
@@ -514,6 +508,36 @@ def load_settings(
     _check_capacities(settings)
     _check_choices(settings)
     return settings
+
+
+def _settings_file(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> tuple[dict[str, Any] | None, str]:
+    """The settings file's tables as TOML reads them (None: there is none) and its name."""
+    file_path = Path(path) if path else Path(env.get("GBROKER_CONFIG") or DEFAULT_CONFIG_PATH)  # empty: unset
+    if not file_path.exists():
+        if path:
+            raise ConfigError(f"config file {file_path} does not exist")
+        return None, str(file_path)
+    try:
+        return tomllib.loads(file_path.read_text()), str(file_path)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {file_path}: {exc}", hint="fix the file") from None
+
+
+def client_socket(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> str:
+    """The daemon's socket, as a client finds it: ``GBROKER_SOCKET``, else the settings file's
+    ``socket``, else the default.
+
+    Only ``socket`` is read from the file. The rest is the daemon's, which refuses to start on
+    anything wrong there, as ``gbroker config check`` does: so a setting this client does not
+    know (one of a newer gbroker than a user's own install) or a mistake in a table only root
+    can fix does not stop every user's commands."""
+    env = os.environ if env is None else env
+    if env.get("GBROKER_SOCKET"):
+        return str(_coerce("socket", env["GBROKER_SOCKET"], "environment"))
+    data, source = _settings_file(path, env)
+    if data is not None and "socket" in data:
+        return str(_coerce("socket", data["socket"], source))
+    return default_socket_path()
 
 
 SLURM_SUBMIT_WAYS = ("auto", "sbatch", "libslurm")

@@ -26,9 +26,9 @@ class Context:
     def socket(self) -> str:
         if self._socket:
             return self._socket
-        from broker.config import env_notes, load_settings
+        from broker.config import client_socket, env_notes
 
-        socket = load_settings(self.config_path).socket
+        socket = client_socket(self.config_path)
         if not self._warned:
             self._warned = True
             for note in env_notes():  # a mistyped GBROKER_SOCKET would send the command elsewhere

@@ -161,3 +161,50 @@ def test_every_gbroker_name_in_the_code_and_scripts_is_known():
                 names |= set(re.findall(r"GBROKER_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_])", f.read_text(errors="replace")))
     assert len(names) > 30
     assert env_notes({n: "1" for n in names}) == []
+
+
+def test_a_client_reads_only_the_socket_so_the_daemons_settings_do_not_stop_users_commands(tmp_path, monkeypatch):
+    """A setting of a newer gbroker than a user's own install, or a mistake in a table only root can
+    fix: the daemon and `gbroker config check` refuse it, a user's `gbroker status` still reaches the daemon."""
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+    from broker.config import client_socket
+
+    f = tmp_path / "g.toml"
+    f.write_text(f'socket = "{tmp_path}/lab.sock"\nsetting_of_a_later_release = 3\n[pools.a]\npartition = "x"\n')
+    with pytest.raises(ConfigError, match="unknown setting 'setting_of_a_later_release'"):
+        load_settings(f, env={})
+    assert client_socket(f, env={}) == f"{tmp_path}/lab.sock"
+    assert client_socket(f, env={"GBROKER_SOCKET": "/run/x.sock"}) == "/run/x.sock"
+    assert client_socket(None, env={"GBROKER_CONFIG": str(f)}) == f"{tmp_path}/lab.sock"
+    monkeypatch.delenv("GBROKER_SOCKET", raising=False)
+    from broker.client import Client
+
+    assert Client(config_path=str(f)).socket_path == f"{tmp_path}/lab.sock"  # the Python client, as the CLI
+    out = CliRunner().invoke(cli, ["--config", str(f), "status"])
+    assert out.exit_code == 6 and f"no answer on {tmp_path}/lab.sock" in out.output, out.output
+    checked = CliRunner().invoke(cli, ["config", "check", str(f)])
+    assert checked.exit_code == 2 and "setting_of_a_later_release" in checked.output, checked.output
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("socket = 7\n", "socket = 7 is not a valid"),
+    ("socket = \n", "cannot read"),
+])
+def test_a_client_still_refuses_a_socket_it_cannot_read(tmp_path, text, fragment):
+    from broker.config import client_socket
+
+    f = tmp_path / "g.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        client_socket(f, env={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        client_socket(tmp_path / "none.toml", env={})  # named: it must be there
+
+
+def test_a_client_without_a_settings_file_takes_the_default_socket(tmp_path):
+    from broker.config import client_socket, default_socket_path
+
+    assert client_socket(None, env={"GBROKER_CONFIG": str(tmp_path / "none.toml")}) == default_socket_path()
