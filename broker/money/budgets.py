@@ -37,13 +37,13 @@ from broker.db.ledger_models import (
     ReservationRelease,
     Semester,
 )
-from broker.db.models import Attempt, Job
+from broker.db.models import Job
 from broker.durations import parse_duration
 from broker.errors import NotFound
 from broker.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
 from broker.money.pricing import PriceBook
-from broker.states import TERMINAL, AttemptState, JobState
+from broker.states import TERMINAL, JobState
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
@@ -304,11 +304,14 @@ def budget_status(
 
 @dataclass(frozen=True)
 class InFlight:
-    """GPUs of an account's queued and running jobs, one row per (capacity, partition, moving).
+    """GPUs of an account's queued and running jobs, one row per (capacity, partition).
 
-    ``moving``: gbroker is requeueing the job from spot onto on-demand (its attempt is ``moving``)."""
+    A job counts where it is placed now. A job being moved (its attempt is ``moving`` until
+    Slurm has requeued it) is placed where it goes when the move is decided
+    (``lifecycle.attempt_moving``), so it counts there already: the quota is checked once, at
+    the decision, and two moves must not both fit into the same room."""
 
-    rows: tuple[tuple[Any, str | None, bool, int], ...]
+    rows: tuple[tuple[Any, str | None, int], ...]
 
     @property
     def total(self) -> int:
@@ -316,15 +319,12 @@ class InFlight:
 
     @property
     def ondemand(self) -> int:
-        """A job being moved to on-demand counts as on-demand already: the quota is checked once,
-        when the move is decided, and two moves must not both fit into the same room."""
-        return sum(gpus for capacity, _, moving, gpus in self.rows if capacity.value == "ondemand" or moving)
+        return sum(gpus for capacity, _, gpus in self.rows if capacity.value == "ondemand")
 
     def by(self, settings: Settings) -> dict[tuple[str, str], int]:
-        """Per ('class', class) and per ('gpu', type): a job counts where it is placed now (a job being
-        moved counts where it goes); its GPU type is its pool's."""
+        """Per ('class', class) and per ('gpu', type); a job's GPU type is its pool's."""
         out: dict[tuple[str, str], int] = {}
-        for capacity, partition, _, gpus in self.rows:
+        for capacity, partition, gpus in self.rows:
             out[("class", capacity.value)] = out.get(("class", capacity.value), 0) + gpus
             pool = settings.pool_of(partition or "")
             if pool is not None and pool.gpu_type:
@@ -336,9 +336,9 @@ def in_flight(s: Session, account: str) -> InFlight:
     """The account's GPUs in flight, added up by the database in one query (plus one for any row
     stored without its GPU count, by an older gbroker: those count what their spec says)."""
     summed, unsized = _IN_FLIGHT
-    rows = [(c, p, bool(m), int(g)) for c, p, m, g in s.execute(summed, {"account": account})]
-    for c, p, m, text in s.execute(unsized, {"account": account}):
-        rows.append((c, p, bool(m), _size_of(text).gpus))
+    rows = [(c, p, int(g)) for c, p, g in s.execute(summed, {"account": account})]
+    for c, p, text in s.execute(unsized, {"account": account}):
+        rows.append((c, p, _size_of(text).gpus))
     return InFlight(tuple(rows))
 
 
@@ -351,8 +351,7 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
 def _in_flight_queries() -> tuple[Any, Any]:
     # Named as the states it takes (not "not ended"), so the (group_name, state) index finds them.
     live = [Job.group_name == bindparam("account"), Job.state.in_(sorted(set(JobState) - TERMINAL))]
-    moving = exists().where(Attempt.job_id == Job.id, Attempt.state == AttemptState.MOVING).label("moving")
-    by = (Job.capacity, Job.partition, moving)
+    by = (Job.capacity, Job.partition)
     return (select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by),
             select(*by, Job.spec_json).where(*live, Job.gpus.is_(None)))
 

@@ -190,6 +190,27 @@ def test_an_attempt_cancelled_while_its_sbatch_ran_keeps_its_end(store: sessionm
         assert (att.state, att.slurm_job_id, job.state) == (A.CANCELLED, 4242, JobState.CANCELLED)
 
 
+@pytest.mark.parametrize(("to", "partition"), [(Capacity.ONDEMAND, "ondemand"), (Capacity.OWNED, "own")])
+def test_a_moving_job_counts_where_it_goes_for_the_quota(store: sessionmaker[Session], to: Capacity,
+                                                         partition: str) -> None:
+    """A move back to owned capacity is not on-demand: the on-demand quota counted it as such while
+    Slurm had not requeued it yet (every moving job was read as one going to on-demand)."""
+    from broker.config import Settings
+    from broker.money.budgets import gpus_in_flight, gpus_in_flight_by
+
+    with store.begin() as s:
+        job, att = new_job(s)
+        lifecycle.attempt_submitted(s, job, att, 4242, NOW)
+        lifecycle.attempt_running(s, job, att, "spot1", NOW, NOW)
+        assert gpus_in_flight(s, "vision") == (4, 0)
+        lifecycle.attempt_moving(s, job, att, partition, "cheaper", NOW, capacity=to)
+        s.flush()
+        assert att.state == A.MOVING
+        assert gpus_in_flight(s, "vision") == (4, 4 if to is Capacity.ONDEMAND else 0)
+        by = gpus_in_flight_by(s, "vision", Settings())
+        assert by[("class", to.value)] == 4 and ("class", "spot") not in by
+
+
 # -- a moving attempt, end to end --------------------------------------------------------
 @pytest.fixture
 def world(tmp_path: Path) -> World:
