@@ -32,7 +32,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.durations import DURATION_HELP, format_duration, parse_duration
-from broker.errors import SpecError
+from broker.errors import BrokerError, SpecError
 from broker.timeparse import from_iso
 from broker.timeparse import why as _why
 from broker.jobname import DEFAULT_KIND, MAX_NAME_CHARS, default_name
@@ -439,6 +439,15 @@ def _combine(errors: list[SpecError]) -> SpecError:
     return flat[0] if len(flat) == 1 else SpecProblems(flat)
 
 
+def _noted(err: SpecError, cautions: list[str]) -> SpecError:
+    """``err`` with the request's cautions after its hint: a value Slurm reads otherwise than
+    meant ("1:30" is 90 seconds) is often why the request was refused."""
+    if cautions:
+        notes = "\n  ".join(f"note: {c}" for c in cautions)
+        BrokerError.__init__(err, err.message, hint=f"{err.hint}\n  {notes}" if err.hint else notes[len("note: "):])
+    return err
+
+
 def _type_name(value: Any) -> str:
     return {bool: "true/false", int: "a whole number", float: "a decimal number", str: "a string",
             list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
@@ -629,7 +638,7 @@ class _Parser:
         )
         check(self.check_resources, spec, fallback=None)
         if errors:
-            raise _combine(errors)
+            raise _noted(_combine(errors), self.cautions)
         assert time_limit_s is not None
         return spec
 
@@ -718,10 +727,11 @@ class _Parser:
             raise self.fail("chunk", f"chunk {chunk} needs evenly spaced pieces (one range, e.g. \"1-400\" or "
                             f"\"1-400:5\"); {value.strip()!r} has gaps of different sizes, so a chunk would run "
                             "indices nobody asked for", hint="leave chunk out, or submit one array per range")
-        if value.strip().isdigit() and int(value) > 1:
-            n = int(value)
+        head, at_a_time, limit = value.strip().partition("%")  # "40%4": the one index 40, 4 at a time
+        if head.strip().isdigit() and int(head) > 1:
+            n = int(head)
             self.caution("pieces", value, f"is one piece, index {n} (Slurm's --array grammar); "
-                         f'if you meant {n} pieces, write "1-{n}"')
+                         f'if you meant {n} pieces, write "1-{n}{at_a_time}{limit.strip()}"')
         return value.strip() if parsed.indices else None
 
     def after(self, data: Mapping[str, Any]) -> tuple[int, ...]:

@@ -343,10 +343,15 @@ def _follow(
         _move(s, job, JobState.PENDING, f"waiting for {att.nodes} to boot", now)
     elif running:
         lifecycle.attempt_running(s, job, att, ",".join(sj.nodes), _utc(sj.start_time) or now, now)
-        if job.deadline is not None and att.capacity == Capacity.SPOT:
-            _deadline_while_running(s, svc, job, att, sj, now, plan)
-        if att.state == AttemptState.RUNNING and att.capacity in (Capacity.SPOT, Capacity.ONDEMAND):
-            _back_to_prepaid(s, svc, job, att, sj, now, plan)
+        if att.state == AttemptState.MOVING:
+            # The move is decided and stored: its requeue is asked again at each tick until Slurm
+            # has done it (a refusal, or a controller that was down, loses nothing).
+            plan.off_spot.append(sj.job_id)
+        else:
+            if job.deadline is not None and att.capacity == Capacity.SPOT:
+                _deadline_while_running(s, svc, job, att, sj, now, plan)
+            if att.state == AttemptState.RUNNING and att.capacity in (Capacity.SPOT, Capacity.ONDEMAND):
+                _back_to_prepaid(s, svc, job, att, sj, now, plan)
     elif sj.state == AttemptState.PENDING:
         lifecycle.attempt_pending(att)
         if is_failure_hold(sj.reason):
@@ -497,11 +502,8 @@ def _deadline_while_running(
     little time to finish there), requeue the job: the program gets TERM to
     checkpoint, and the next run starts on on-demand. The decision is stored
     first (the attempt is moving) and the requeue repeated each tick until
-    Slurm has done it. A forced partition (the user's choice) is never moved.
+    Slurm has done it (the caller's). A forced partition (the user's choice) is never moved.
     """
-    if att.state == AttemptState.MOVING:
-        plan.off_spot.append(sj.job_id)
-        return
     spec = stored_spec(job)
     if spec.partition:
         return

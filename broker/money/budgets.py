@@ -37,13 +37,13 @@ from broker.db.ledger_models import (
     ReservationRelease,
     Semester,
 )
-from broker.db.models import Job
+from broker.db.models import Attempt, Job
 from broker.durations import parse_duration
 from broker.errors import NotFound
 from broker.amount import format_money
 from broker.money.charging import billable_limit_s, estimate_micros
 from broker.money.pricing import PriceBook
-from broker.states import TERMINAL, JobState
+from broker.states import TERMINAL, AttemptState, JobState
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 
@@ -312,6 +312,9 @@ class InFlight:
     the decision, and two moves must not both fit into the same room."""
 
     rows: tuple[tuple[Any, str | None, int], ...]
+    moving_off_ondemand: int = 0
+    """GPUs of jobs being moved off on-demand (to owned or reserved capacity): they run there
+    until Slurm has requeued them, so the on-demand count keeps them until then."""
 
     @property
     def total(self) -> int:
@@ -319,7 +322,8 @@ class InFlight:
 
     @property
     def ondemand(self) -> int:
-        return sum(gpus for capacity, _, gpus in self.rows if capacity.value == "ondemand")
+        placed = sum(gpus for capacity, _, gpus in self.rows if capacity.value == "ondemand")
+        return placed + self.moving_off_ondemand
 
     def by(self, settings: Settings) -> dict[tuple[str, str], int]:
         """Per ('class', class) and per ('gpu', type); a job's GPU type is its pool's."""
@@ -335,11 +339,19 @@ class InFlight:
 def in_flight(s: Session, account: str) -> InFlight:
     """The account's GPUs in flight, added up by the database in one query (plus one for any row
     stored without its GPU count, by an older gbroker: those count what their spec says)."""
-    summed, unsized = _IN_FLIGHT
+    summed, unsized, moving = _IN_FLIGHT
     rows = [(c, p, int(g)) for c, p, g in s.execute(summed, {"account": account})]
     for c, p, text in s.execute(unsized, {"account": account}):
         rows.append((c, p, _size_of(text).gpus))
-    return InFlight(tuple(rows))
+    off_ondemand = 0
+    for placed, placed_in, runs_on, runs_in, gpus, text in s.execute(moving, {"account": account}):
+        if placed.value == "ondemand":
+            continue  # counted where it goes
+        # Runs on on-demand until requeued; or a move stored before moves named their target
+        # (the job's placement unchanged): those all went to on-demand (as reconcile reads them).
+        if runs_on.value == "ondemand" or placed_in == runs_in:
+            off_ondemand += int(gpus) if gpus is not None else _size_of(text).gpus
+    return InFlight(tuple(rows), off_ondemand)
 
 
 def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
@@ -348,12 +360,18 @@ def gpus_in_flight(s: Session, account: str) -> tuple[int, int]:
     return flight.total, flight.ondemand
 
 
-def _in_flight_queries() -> tuple[Any, Any]:
+def _in_flight_queries() -> tuple[Any, Any, Any]:
     # Named as the states it takes (not "not ended"), so the (group_name, state) index finds them.
     live = [Job.group_name == bindparam("account"), Job.state.in_(sorted(set(JobState) - TERMINAL))]
     by = (Job.capacity, Job.partition)
+    # Only a running job can be moving (or one whose state Slurm cannot tell now): the group's
+    # running jobs are looked at, never its queue.
+    moving = (select(Job.capacity, Job.partition, Attempt.capacity, Attempt.partition, Job.gpus, Job.spec_json)
+              .join(Attempt, Attempt.job_id == Job.id)
+              .where(Job.group_name == bindparam("account"), Job.state.in_([JobState.RUNNING, JobState.UNKNOWN]),
+                     Attempt.state == AttemptState.MOVING))
     return (select(*by, func.sum(Job.gpus)).where(*live, Job.gpus.is_not(None)).group_by(*by),
-            select(*by, Job.spec_json).where(*live, Job.gpus.is_(None)))
+            select(*by, Job.spec_json).where(*live, Job.gpus.is_(None)), moving)
 
 
 _IN_FLIGHT = _in_flight_queries()

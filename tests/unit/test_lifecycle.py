@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import policies
@@ -190,25 +191,33 @@ def test_an_attempt_cancelled_while_its_sbatch_ran_keeps_its_end(store: sessionm
         assert (att.state, att.slurm_job_id, job.state) == (A.CANCELLED, 4242, JobState.CANCELLED)
 
 
-@pytest.mark.parametrize(("to", "partition"), [(Capacity.ONDEMAND, "ondemand"), (Capacity.OWNED, "own")])
-def test_a_moving_job_counts_where_it_goes_for_the_quota(store: sessionmaker[Session], to: Capacity,
-                                                         partition: str) -> None:
-    """A move back to owned capacity is not on-demand: the on-demand quota counted it as such while
-    Slurm had not requeued it yet (every moving job was read as one going to on-demand)."""
+@pytest.mark.parametrize(("runs_on", "to", "ondemand_while_moving"), [
+    (Capacity.SPOT, Capacity.ONDEMAND, 4),   # to on-demand: counted there from the decision on
+    (Capacity.SPOT, Capacity.OWNED, 0),      # spot to owned: never on on-demand
+    (Capacity.ONDEMAND, Capacity.OWNED, 4),  # on-demand to owned: runs on on-demand until requeued
+])
+def test_a_moving_job_counts_where_it_goes_and_on_demand_while_it_runs_there(
+        store: sessionmaker[Session], runs_on: Capacity, to: Capacity, ondemand_while_moving: int) -> None:
+    """The on-demand quota counted every moving job as on-demand (a spot job moving back to owned
+    capacity too); a job moving off on-demand still holds its on-demand GPUs until Slurm requeues it."""
     from broker.config import Settings
     from broker.money.budgets import gpus_in_flight, gpus_in_flight_by
 
     with store.begin() as s:
-        job, att = new_job(s)
+        spec = JobSpec(name="train", kind="finetune", group="vision", time_limit_s=7200, gpus_per_node=4, nodes=1,
+                       command=("python", "train.py"))
+        job = st.create_job(s, key="gb-000000000001", spec=spec, owner_uid=1001, owner_name="ana", now=NOW,
+                            capacity=runs_on, partition=runs_on.value)
+        att = st.add_attempt(s, job, partition=runs_on.value, capacity=runs_on, now=NOW)
         lifecycle.attempt_submitted(s, job, att, 4242, NOW)
-        lifecycle.attempt_running(s, job, att, "spot1", NOW, NOW)
-        assert gpus_in_flight(s, "vision") == (4, 0)
-        lifecycle.attempt_moving(s, job, att, partition, "cheaper", NOW, capacity=to)
+        lifecycle.attempt_running(s, job, att, "node1", NOW, NOW)
+        assert gpus_in_flight(s, "vision") == (4, 4 if runs_on is Capacity.ONDEMAND else 0)
+        lifecycle.attempt_moving(s, job, att, "own" if to is Capacity.OWNED else "ondemand", "why", NOW, capacity=to)
         s.flush()
-        assert att.state == A.MOVING
-        assert gpus_in_flight(s, "vision") == (4, 4 if to is Capacity.ONDEMAND else 0)
+        assert att.state == A.MOVING and job.state == JobState.RUNNING
+        assert gpus_in_flight(s, "vision") == (4, ondemand_while_moving)
         by = gpus_in_flight_by(s, "vision", Settings())
-        assert by[("class", to.value)] == 4 and ("class", "spot") not in by
+        assert by[("class", to.value)] == 4 and ("class", runs_on.value) not in by
 
 
 # -- a moving attempt, end to end --------------------------------------------------------
@@ -246,3 +255,35 @@ def test_a_moving_attempt_still_runs_and_counts_as_ondemand(world: World) -> Non
     assert world.status()["forecast"]["running_micros"] > 0
     with world.svc.sessions() as s:
         assert gpus_in_flight(s, "vision") == (1, 1)
+
+
+def test_a_move_back_to_owned_capacity_is_asked_again_until_slurm_has_requeued_it(world: World) -> None:
+    """A requeue Slurm refused (or a controller that was down) left a move to owned capacity moving for
+    good: only a deadline job's move was asked again. Every moving attempt is, at each tick."""
+    out = world.submit(time="1h")
+    sid = out["slurm_job_id"]
+    assert world.slurm.start(sid, node="spot1")
+    world.tick()
+    with world.svc.tx() as s:
+        job = s.get(Job, out["id"])
+        att = s.execute(select(Attempt).where(Attempt.job_id == job.id)).scalar_one()
+        lifecycle.attempt_moving(s, job, att, "own", "room on owned nodes", world.clock.now(), capacity=Capacity.OWNED)
+    asked: list[Any] = []
+    real = world.slurm.requeue
+
+    def refuse(ids: Any) -> None:
+        asked.append(list(ids))
+        raise SlurmError("Slurm busy", argv=["scontrol", "requeue"], returncode=1, stderr="busy")
+
+    world.slurm.requeue = refuse  # type: ignore[method-assign]
+    for _ in range(3):
+        world.advance(15)
+        world.tick()
+    assert asked == [[sid]] * 3
+    assert [a["state"] for a in show_job(world.svc, ROOT, out["id"])["attempts"]] == ["moving"]
+    world.slurm.requeue = real  # type: ignore[method-assign]
+    for _ in range(4):
+        world.advance(15)
+        world.tick()
+    attempts = show_job(world.svc, ROOT, out["id"])["attempts"]
+    assert [a["state"] for a in attempts][:1] == ["moved"] and attempts[1]["partition"] == "own", attempts

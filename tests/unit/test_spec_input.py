@@ -348,3 +348,20 @@ def test_a_caution_names_the_sbatch_line_that_wrote_the_value() -> None:
     assert spec.time_limit_s == 120
     assert spec.cautions == ('time_limit "2:00", from script line 2 (\'#SBATCH --time=2:00\'), is 2m (minutes:seconds, '
                              'as sbatch reads it); if you meant 2h, write "2:00:00" or "2h"',)
+
+
+def test_a_refused_request_says_its_cautions_too() -> None:
+    """"1:30" read as 90 s is often why a request is refused: the refusal says so."""
+    err = refused(time_limit="1:30", warning_signal="USR1")
+    assert err.message.startswith("warning_signal: the warning would come 45s after the start (time limit 90s")
+    assert err.hint is not None and err.hint.endswith(
+        '\n  note: time_limit "1:30" is 1m30s (minutes:seconds, as sbatch reads it); if you meant 1h30m, '
+        'write "1:30:00" or "1h30m"')
+    assert str(err).count("time_limit \"1:30\" is 1m30s") == 1
+    several = refused(time_limit="1:30", mem=16, gpus_per_node=99, nodes=0)
+    assert several.hint is not None and several.hint.count("\n  note: ") == 2, several.hint
+
+
+@pytest.mark.parametrize(("pieces", "meant"), [("40%4", "1-40%4"), (" 40%4 ", "1-40%4"), ("12", "1-12")])
+def test_a_single_index_is_cautioned_with_its_limit_at_a_time(pieces: str, meant: str) -> None:
+    assert parse(pieces=pieces).cautions[0].endswith(f'write "{meant}"')
