@@ -400,6 +400,43 @@ class SubmitResult(Record):
                    cautions=cautions, raw=d)
 
 
+class Plan(Record):
+    """What ``plan`` answered (``gbroker submit --dry-run``): where the job would go and what it
+    would cost, with the same checks as a submission; nothing was stored, reserved or queued.
+    Money in integer micro-units: ``estimates_micros`` per capacity the job may run on (None: no
+    price), ``budget_left_after_micros`` what the group's budget would have left (None: no budget)."""
+
+    name: str
+    pool: str
+    partition: str
+    capacity: str
+    placed_by: str
+    estimate_micros: int
+    estimates_micros: dict[str, int | None]
+    budget_left_after_micros: int | None
+    slurm: str
+    note: str | None
+    cautions: tuple[str, ...] = ()
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        d = _dict(data, "plan answer")
+        est = d.get("estimates_micros")
+        estimates = {k: v for k, v in est.items() if isinstance(k, str) and (v is None or isinstance(v, int))} \
+            if isinstance(est, dict) else {}
+        budget = d.get("budget")
+        said = d.get("cautions")
+        return cls(
+            name=_str(d, "name"), pool=_str(d, "pool"), partition=_str(d, "partition"),
+            capacity=_str(d, "capacity"), placed_by=_str(d, "placed_by"),
+            estimate_micros=_int(d, "estimate_micros", "plan answer"), estimates_micros=estimates,
+            budget_left_after_micros=_opt_int(budget, "left_after_micros") if isinstance(budget, dict) else None,
+            slurm=_str(d, "slurm"), note=_opt_str(d, "note") or None,
+            cautions=tuple(c for c in said if isinstance(c, str)) if isinstance(said, list) else (), raw=d,
+        )
+
+
 class Cancelled(Record):
     """One job of a ``cancel``: its number and the state it is in now."""
 
@@ -539,6 +576,12 @@ class Client:
         if log and result.raw.get("log") != log:
             _remove(log)  # the key's first submission made the job, with its own log
         return result
+
+    def plan(self, spec: dict[str, Any]) -> Plan:
+        """A dry run of ``submit``: the pool the job would go to, its cost on each capacity, what the
+        group's budget would have left, and Slurm's pre-flight, with the same refusals a submission
+        would meet (raised as they would be). Nothing is stored, reserved or queued."""
+        return Plan.from_dict(self.call("plan", repeatable=True, spec=spec))
 
     def status(self, *, all_users: bool = False, limit: int = 200) -> list[Job]:
         """Your jobs that have not ended, newest first (``all_users``: everyone's, admins only)."""

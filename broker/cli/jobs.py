@@ -13,7 +13,7 @@ from broker.cli.params import WHOLE
 from broker.errors import SpecError
 
 if TYPE_CHECKING:
-    from broker.client import Job
+    from broker.client import Job, Plan
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -175,10 +175,14 @@ def build_request(job_file: str | None, flags: dict[str, Any],
 @click.option("--key", metavar="KEY",
               help="Idempotency key (gb- and 8-40 lower-case letters or digits): submitting again with the "
               "same key returns the first job instead of making a second [default: a new one each time].")
+@click.option("--dry-run", is_flag=True,
+              help="Say where the job would go, what it would cost and whether it would be accepted "
+              "(Slurm's pre-flight, quota, budget); store and queue nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[JOB_FILE.toml] [-- COMMAND...]")
 @pass_ctx
-def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, **flags: Any) -> None:
+def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, dry_run: bool,
+           **flags: Any) -> None:
     """Submit a job from a TOML job file (name ending in .toml) and/or flags.
 
     \b
@@ -203,6 +207,12 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
         if not os.path.isfile(job_file):
             raise SpecError(f"job file {job_file} does not exist", hint="check the path")
     spec, cautions = build_request(job_file, flags, command)
+    if dry_run:
+        if key is not None:
+            raise SpecError("--key names the job a submission makes, and --dry-run makes none",
+                            hint="leave out --key, or --dry-run to submit")
+        _print_plan(client_of(ctx).plan(spec), cautions, as_json)
+        return
     # The key is made here (by the client), so a retry after a lost answer (a daemon restart)
     # names the same job.
     result = client_of(ctx).submit(spec, key=key)
@@ -215,6 +225,32 @@ def submit(ctx: Context, args: tuple[str, ...], as_json: bool, key: str | None, 
     click.echo(f"Submitted job {job.id} ({job.name}) to {job.partition} [{job.capacity}]{slurm}")
     if result.note:
         click.echo(f"  note: {result.note}")
+    for caution in said:
+        click.echo(f"  note: {caution}")
+
+
+def _print_plan(plan: Plan, cautions: tuple[str, ...], as_json: bool) -> None:
+    said = tuple(dict.fromkeys(cautions + plan.cautions))
+    if as_json:
+        print_json({**plan.raw, "cautions": list(said)} if said else plan.raw)
+        return
+    raw = plan.raw
+    click.echo(f"Would submit {plan.name} to {plan.partition} [{plan.capacity}]: nothing stored or queued (--dry-run)")
+    where = ", ".join(x for x in (raw.get("gpu_type"), f"zone {raw['zone']}" if raw.get("zone") else None) if x)
+    click.echo(f"  pool      {plan.pool}{f' ({where})' if where else ''}; {plan.placed_by}")
+    shown = raw.get("estimates") if isinstance(raw.get("estimates"), dict) else {}
+    costs = [f"{text} on {'on-demand' if c == 'ondemand' else c}" for c, text in shown.items() if text]
+    tasks = raw.get("tasks") if isinstance(raw.get("tasks"), int) else 1
+    size = f"{raw.get('gpus')} GPU(s) x {duration(raw.get('slurm_limit_s'))}" + (f" x {tasks} tasks" if tasks > 1 else "")
+    click.echo(f"  estimate  {', '.join(costs) or 'no price in the price book'} "
+               f"(at most: {size}, Slurm's limit in whole minutes)")
+    budget = raw.get("budget")
+    if isinstance(budget, dict):
+        click.echo(f"  budget    {budget.get('left_after')} of {budget.get('amount')} in {budget.get('semester')} "
+                   "would be left, with this job's estimate reserved")
+    click.echo(f"  Slurm     {plan.slurm}")
+    if plan.note:
+        click.echo(f"  note: {plan.note}")
     for caution in said:
         click.echo(f"  note: {caution}")
 

@@ -13,7 +13,7 @@ from broker.spec import MAX_JOB_ID
 from broker.state import Services, must_get
 from broker.jobs import arrays, lifecycle
 from broker.jobs.placement import pool_table
-from broker.jobs.submit import submit
+from broker.jobs.submit import plan, submit
 from broker.jobs.views import job_detail, job_summaries
 from broker.states import TERMINAL, JobState
 
@@ -23,7 +23,7 @@ MAX_IDS_PER_REQUEST = 1000
 MAX_LIST = 10_000
 
 def handlers(svc: Services) -> dict[str, Handler]:
-    """The job operations: ping, submit, list, show, cancel, log..."""
+    """The job operations: ping, submit, plan (a dry run of submit), list, show, cancel, pools."""
 
     def ping(caller: Caller, args: dict[str, Any]) -> Any:
         only_args(args, "ping")
@@ -32,6 +32,10 @@ def handlers(svc: Services) -> dict[str, Handler]:
     def do_submit(caller: Caller, args: dict[str, Any]) -> Any:
         only_args(args, "submit", "spec", "key", "log")
         return submit(svc, caller, args.get("spec"), args.get("key"), args.get("log"))
+
+    def do_plan(caller: Caller, args: dict[str, Any]) -> Any:
+        only_args(args, "plan", "spec")
+        return plan(svc, caller, args.get("spec"))
 
     def do_list(caller: Caller, args: dict[str, Any]) -> Any:
         only_args(args, "list", "active", "all_users", "limit", "user", "group", "state", "partitions")
@@ -64,7 +68,7 @@ def handlers(svc: Services) -> dict[str, Handler]:
         only_args(args, "pools")
         return {"pools": pool_table(svc), "catalog": bool(svc.settings.pools)}
 
-    return {"ping": ping, "submit": do_submit, "list": do_list, "show": do_show, "cancel": do_cancel,
+    return {"ping": ping, "submit": do_submit, "plan": do_plan, "list": do_list, "show": do_show, "cancel": do_cancel,
             "pools": do_pools}
 
 

@@ -20,18 +20,21 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from broker import joblog, proc
+from broker.amount import format_money
 from broker.pieces import capped
 from broker.caller import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
 from broker.money.admission import admit
+from broker.money.charging import billable_limit_s
 from broker.state import Services, must_get
 from broker.db.array_models import ArrayBatch
 from broker.jobs import arrays, lifecycle
 from broker.jobs.chains import chain_blocks, check_after
 from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
 from broker.jobs.views import job_summary, summary_of
+from broker.pools import Pool
 from broker.slurm.backend import StartedSubmit, SubmitRequest
 from broker.slurm.script import ArrayPart, render_batch_script
 from broker.spec import WARNING_MARGIN_S, JobSpec, spec_from_dict
@@ -65,37 +68,13 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
     without one the daemon makes it, as the caller. The daemon never opens it.
     """
     now = svc.clock.now()
-    if not isinstance(spec_data, dict):
-        raise SpecError("the job spec must be a table of fields")
     key = _job_key(key)
-    spec = spec_from_dict(
-        spec_data,
-        now=now,
-        partitions=svc.settings.partitions,
-        max_gpus_per_node=svc.settings.max_gpus_per_node,
-        max_nodes=svc.settings.max_nodes,
-    )
+    spec = _parse(svc, spec_data, now)
     again = _already_submitted(svc, caller, key, spec, now)
     if again is not None:
         return _with_cautions(again, spec)
-    _check_can_submit(svc, caller)
-
-    pools = fitting_pools(svc, spec)  # none fits: refused here, with each pool's reason
-    if spec.partition:
-        pool, placed_by = pools[0], "user"
-    else:
-        pool, choice = place_in_pools(svc, spec, job_view(spec, now=now), pools)
-        placed_by = f"{svc.policy.name}: {choice.reason}"
+    pool, placed_by, _ = _place_checked(svc, caller, spec, key, now)
     partition, capacity = pool.partition, pool.capacity
-
-    # The whole sbatch request, validated now: nothing about it can fail after the intent.
-    request_for(spec, job_id=0, key=key, attempt_number=1, partition=partition, capacity=Capacity(capacity),
-                owner_name=caller.name, log_path="/dev/null", gres_type=gres_type_for(spec, pool),
-                **_array_args(spec))
-    if spec.after:
-        with svc.sessions() as s:
-            check_after(s, caller.uid, caller.is_admin, spec.after)
-    preflight(svc, caller, spec, partition, Capacity(capacity))
     workdir = default_workdir(spec, caller.name)
     made_here = log is None
     log_path = svc.files.create_log(caller.name, workdir, spec.name) if made_here else _given_log(log, workdir, spec)
@@ -131,6 +110,88 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
     finally:
         if early is not None:
             early[1].abort()  # not given its script (refused, or the request changed): nothing is queued
+
+
+def _parse(svc: Services, spec_data: Any, now: datetime) -> JobSpec:
+    if not isinstance(spec_data, dict):
+        raise SpecError("the job spec must be a table of fields")
+    return spec_from_dict(
+        spec_data,
+        now=now,
+        partitions=svc.settings.partitions,
+        max_gpus_per_node=svc.settings.max_gpus_per_node,
+        max_nodes=svc.settings.max_nodes,
+    )
+
+
+def _place_checked(svc: Services, caller: Caller, spec: JobSpec, key: str, now: datetime,
+                   *, fresh: bool = False) -> tuple[Pool, str, str]:
+    """Place the job and check everything about it but money: (pool, who placed it and why,
+    what Slurm's pre-flight said). ``fresh``: ask Slurm even when a like job passed lately."""
+    _check_can_submit(svc, caller)
+    pools = fitting_pools(svc, spec)  # none fits: refused here, with each pool's reason
+    if spec.partition:
+        pool, placed_by = pools[0], "user"
+    else:
+        pool, choice = place_in_pools(svc, spec, job_view(spec, now=now), pools)
+        placed_by = f"{svc.policy.name}: {choice.reason}"
+    # The whole sbatch request, validated now: nothing about it can fail after the intent.
+    request_for(spec, job_id=0, key=key, attempt_number=1, partition=pool.partition,
+                capacity=Capacity(pool.capacity), owner_name=caller.name, log_path="/dev/null",
+                gres_type=gres_type_for(spec, pool), **_array_args(spec))
+    if spec.after:
+        with svc.sessions() as s:
+            check_after(s, caller.uid, caller.is_admin, spec.after)
+    slurm = preflight(svc, caller, spec, pool.partition, Capacity(pool.capacity), fresh=fresh)
+    return pool, placed_by, slurm
+
+
+def plan(svc: Services, caller: Caller, spec_data: Any) -> dict[str, Any]:
+    """What ``submit`` would do with this request, doing none of it (``gbroker submit --dry-run``).
+
+    The same checks in the same order (the spec, the pools that fit, the policy's choice,
+    the sbatch request, Slurm's pre-flight as the caller, asked afresh, then membership,
+    quota and budget), so a refusal reads exactly as the submission's would; nothing is
+    stored, no log is made, nothing is reserved and nothing is queued.
+    """
+    now = svc.clock.now()
+    spec = _parse(svc, spec_data, now)
+    pool, placed_by, slurm = _place_checked(svc, caller, spec, "gb-dryrun0000", now, fresh=True)
+    with svc.read() as s:
+        admission = admit(s, svc, caller, spec, pool.capacity, pool.partition, now)
+    budget = admission.budget
+    answer: dict[str, Any] = {
+        "dry_run": True,
+        "name": spec.name,
+        "user": caller.name,
+        "group": spec.group,
+        "pool": pool.name,
+        "partition": pool.partition,
+        "capacity": pool.capacity,
+        "gpu_type": pool.gpu_type,
+        "zone": pool.zone or None,
+        "placed_by": placed_by,
+        "gpus": spec.gpus,
+        "tasks": len(spec.array().chunks()) if spec.is_array else 1,
+        "pieces": len(spec.array().indices) if spec.is_array else None,
+        "time_limit_s": spec.time_limit_s,
+        "slurm_limit_s": billable_limit_s(spec.time_limit_s),
+        "estimate_micros": admission.estimate_micros,
+        "estimate": format_money(admission.estimate_micros),
+        "estimates_micros": {c: v for c, v in admission.estimates},
+        "estimates": {c: None if v is None else format_money(v) for c, v in admission.estimates},
+        "budget": None if budget is None else {
+            "semester": budget.semester, "amount_micros": budget.amount_micros,
+            "spent_micros": budget.spent_micros, "reserved_micros": budget.reserved_micros,
+            "left_after_micros": budget.left_micros - admission.reserved_micros,
+            "amount": format_money(budget.amount_micros),
+            "left_after": format_money(budget.left_micros - admission.reserved_micros),
+        },
+        "slurm": slurm,
+    }
+    if admission.note:
+        answer["note"] = admission.note
+    return _with_cautions(answer, spec)
 
 
 def _with_cautions(answer: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
@@ -556,20 +617,22 @@ PREFLIGHT_TTL = timedelta(minutes=10)
 """How long a passed `sbatch --test-only` vouches for the same user, account, partition and size."""
 
 
-def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capacity: Capacity) -> None:
+def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capacity: Capacity,
+              *, fresh: bool = False) -> str:
     """Let Slurm refuse a job it would refuse (wrong account, partition, size) before anything is stored.
 
     One `sbatch --test-only` as the user; a pass is remembered for a while, so a
-    burst of submissions costs one check. Slurm unreachable: skip (the intent is
-    stored and submitted later, as for any submission).
+    burst of submissions costs one check (``fresh``: ask anyway). Slurm unreachable:
+    skip (the intent is stored and submitted later, as for any submission). Returns
+    what was found, in words: passed, passed lately, unreachable, or inconclusive.
     """
     now = svc.clock.now()
     gres_type = gres_type_for(spec, svc.settings.pool_of(partition))
     cache_key = (caller.name, spec.group, partition, spec.nodes, spec.gpus_per_node, gres_type,
                  spec.cpus_per_gpu, spec.cpus_per_task, spec.mem_mb, spec.mem_per_gpu_mb)
     cache = svc.preflight_passed
-    if cache.get(cache_key, now) > now:
-        return
+    if not fresh and cache.get(cache_key, now) > now:
+        return "accepted (a like job passed sbatch --test-only lately)"
     req = request_for(
         spec, job_id=0, key="gb-preflight", attempt_number=1, partition=partition, capacity=capacity,
         owner_name=caller.name, log_path="/dev/null", gres_type=gres_type, **_array_args(spec),
@@ -577,7 +640,7 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
     try:
         svc.backend.check(req)
     except SlurmUnavailable:
-        return
+        return "not asked: Slurm is unreachable (a submission would be stored and queued when it answers)"
     except SlurmError as exc:
         if exc.hint and "directory" in exc.hint:
             raise SpecError(f"workdir {req.workdir}: {exc.message}", hint=exc.hint) from None
@@ -585,13 +648,14 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
             # --test-only also fails when the nodes are merely busy or powering down right now;
             # a real submission would wait for them. Let sbatch decide.
             log.info("pre-flight for %s inconclusive: %s", caller.name, _slurm_reason(exc))
-            return
+            return f"no refusal (sbatch --test-only: {_slurm_reason(exc)}; a submission waits for nodes)"
         raise SpecError(
             f"Slurm refuses this job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account; `sacctmgr show assoc user={caller.name}` lists yours) "
             "and the size; nothing was submitted",
         ) from None
     cache[cache_key] = now + PREFLIGHT_TTL
+    return f"accepted (sbatch --test-only as {caller.name})"
 
 
 def _slurm_reason(exc: SlurmError) -> str:

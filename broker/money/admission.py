@@ -36,6 +36,10 @@ class Admission:
     reserved_micros: int = 0
     """Money held against the group's budget until the job's charges land."""
     note: str = ""
+    estimates: tuple[tuple[str, int | None], ...] = ()
+    """The estimate on each capacity the job may run on, the placed one first (None: no price)."""
+    budget: B.BudgetStatus | None = None
+    """The group's budget in the current semester as the job found it (None: no budget applies)."""
 
 
 def admit(
@@ -59,10 +63,11 @@ def admit(
             continue  # a job that must not be reclaimed has no spot figure to show
         estimates[other] = B.attempt_estimate(book, settings.partition_for(other), other, size, now)
     estimate = estimates[capacity]
+    shown = tuple(estimates.items())
 
     group = B.group_of_account(session, spec.group)
     if group is None:
-        return Admission(estimate_micros=estimate or 0, reserved_micros=0)
+        return Admission(estimate_micros=estimate or 0, reserved_micros=0, estimates=shown)
     if not caller.is_admin and caller.name not in B.members(session, group.id):
         raise PermissionDenied(
             f"user {caller.name} is not a member of group {group.name} (Slurm account {group.slurm_account})",
@@ -83,7 +88,8 @@ def admit(
     if semester is None or budget is None:
         where = f"in {semester.name}" if semester is not None else "now (no semester is in force)"
         return Admission(
-            estimate_micros=estimate or 0, reserved_micros=0, note=f"group {group.name} has no budget {where}"
+            estimate_micros=estimate or 0, reserved_micros=0, note=f"group {group.name} has no budget {where}",
+            estimates=shown,
         )
     if estimate is None:
         raise AdmissionRefused(
@@ -94,7 +100,7 @@ def admit(
     status = B.budget_status(session, group, semester, budget, book, settings, now)
     if status.exhausted or status.committed_micros + estimate > status.amount_micros:
         raise AdmissionRefused(refusal_message(status, capacity, estimates), hint=_refusal_hint(status, capacity, estimates))
-    return Admission(estimate_micros=estimate, reserved_micros=estimate)
+    return Admission(estimate_micros=estimate, reserved_micros=estimate, estimates=shown, budget=status)
 
 
 def refusal_message(status: B.BudgetStatus, capacity: str, estimates: dict[str, int | None]) -> str:

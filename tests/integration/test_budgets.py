@@ -299,6 +299,37 @@ def test_non_admin_is_refused_by_the_daemon_not_only_the_cli(broker_daemon, slur
     assert r.code == 4 and "for gbroker admins" in r.err
 
 
+# -- 4b. a dry run --------------------------------------------------------------------------------
+def test_a_dry_run_asks_slurm_as_the_user_says_the_cost_and_queues_nothing(broker_daemon, slurm_cluster):
+    d = broker_daemon
+    setup_lab(d, vision="0.30")
+
+    def alices_queue() -> list[str]:
+        return sorted(slurm_cluster.run(["squeue", "-h", "-u", "alice", "-o", "%i %j"]).stdout.split("\n"))
+
+    before = alices_queue()
+    r = ok(d.cli("submit", "--dry-run", "--group", "vision", "--time", "1m", "--", "sleep", "1"))
+    assert r.out.startswith("Would submit sleep to spot [spot]: nothing stored or queued"), r.out
+    assert "$0.06 on spot, $0.12 on on-demand (at most: 1 GPU(s) x 1m00s" in r.out, r.out
+    assert "$0.24 of $0.30 in test-term would be left" in r.out and "accepted (sbatch --test-only as alice)" in r.out
+    plan = ok(d.cli("submit", "--dry-run", "--json", "--group", "vision", "--time", "1m", "--", "sleep", "1")).json()
+    assert plan["user"] == "alice" and plan["estimate_micros"] == 60_000 and plan["budget"]["reserved_micros"] == 0
+    # Refused exactly as the submission is: by Slurm (accounts alice has no association with, asked
+    # as alice), by the budget ($2.40 against $0.30), by the group's quota (2 GPUs at once).
+    admin(d, "quota", "set", "vision", "--gpus", "2")
+    for args, code, said in (
+        (("--group", "nosuchacct", "--time", "1m"), 2, "Slurm refuses this job: allocation failure: Invalid account"),
+        (("--group", "climate", "--time", "1m"), 2, "Slurm refuses this job: allocation failure: Invalid account"),
+        (("--group", "vision", "--gpus", "2", "--time", "10m"), 5, "this job is estimated at $1.20 on spot"),
+        (("--group", "vision", "--gpus", "3", "--time", "1m"), 5, "quota is 2 GPUs at once"),
+    ):
+        dry = d.cli("submit", "--dry-run", *args, "--", "sleep", "1")
+        real = d.cli("submit", *args, "--", "sleep", "1")
+        assert (dry.code, dry.err) == (real.code, real.err) and dry.code == code and said in dry.err, (args, dry, real)
+    assert ok(d.cli("history", "--json")).json() == [] and budget(d, "vision")["reserved_micros"] == 0
+    assert alices_queue() == before
+
+
 # -- 5. a price change in the middle of a running job ------------------------------------------------
 def test_price_change_mid_job_is_charged_in_two_parts(broker_daemon, slurm_cluster):
     d = broker_daemon

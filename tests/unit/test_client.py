@@ -308,3 +308,64 @@ def test_submit_says_what_slurm_reads_otherwise_once_from_flags_and_from_a_job_f
     assert result.cautions == ('time_limit "2:00" is 2m (minutes:seconds, as sbatch reads it); if you meant 2h, '
                                'write "2:00:00" or "2h"',)
     assert client.submit(_spec(tmp_path, time="2h")).cautions == ()
+
+
+def test_a_dry_run_says_where_and_at_what_cost_and_stores_nothing(daemon: tuple[World, Client], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan` runs submit's checks (the same refusals) and answers with the placement and the money;
+    no job row, no log, no reservation, no sbatch."""
+    import json
+
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+    from broker.client import Plan
+
+    world, client = daemon
+    plan = client.plan(_spec(tmp_path, name="train", time="10m"))
+    assert isinstance(plan, Plan) and plan.name == "train" and plan.partition == "spot" and plan.capacity == "spot"
+    # $3.60 per GPU-hour on spot, $7.20 on on-demand: 1 GPU for 10 minutes.
+    assert plan.estimate_micros == 600_000 and plan.estimates_micros == {"spot": 600_000, "ondemand": 1_200_000}
+    assert plan.budget_left_after_micros == 99_400_000 and plan.slurm.startswith("accepted (sbatch --test-only")
+    assert plan.placed_by.startswith(world.svc.policy.name + ": ") and plan.raw["dry_run"] is True
+    assert plan.raw["estimate"] == "$0.60" and plan.raw["budget"]["left_after"] == "$99.40"
+    assert client.plan(_spec(tmp_path, interruptible=False)).estimates_micros == {"ondemand": 1_200_000}
+    assert world.slurm.calls.get("sbatch", 0) == 0 and client.history() == [] and not list(tmp_path.glob("gbroker-*"))
+
+    # Refused as the submission would be, word for word, and nothing is left behind either way.
+    too_big = _spec(tmp_path, gpus=8, time="10h")  # $288 on spot, against $100
+    with pytest.raises(RemoteError) as planned:
+        client.plan(too_big)
+    with pytest.raises(RemoteError) as submitted:
+        client.submit(too_big)
+    assert str(planned.value) == str(submitted.value) and "left of $100.00 in 2026-fall" in str(planned.value)
+    assert planned.value.hint == submitted.value.hint
+    with pytest.raises(RemoteError, match="time_limit: 'forever' is not a duration"):
+        client.plan(_spec(tmp_path, time="forever"))
+    # A plan reserves nothing: after 50 of them a job that takes most of the budget still fits.
+    for _ in range(50):
+        client.plan(_spec(tmp_path, gpus=2, time="10h"))  # $72 each
+    assert client.submit(_spec(tmp_path, gpus=2, time="10h")).job.state != "failed"
+    assert world.slurm.calls["sbatch"] == 1 and len(client.history()) == 1
+
+    monkeypatch.chdir(tmp_path)
+
+    def gb(*args: str, code: int = 0) -> str:
+        out = CliRunner().invoke(cli, ["--socket", client.socket_path, *args], catch_exceptions=False)
+        assert out.exit_code == code, out.output
+        return out.output
+
+    out = gb("submit", "--dry-run", "--group", "vision", "--time", "1:30", "--", "sleep", "5")
+    lines = out.splitlines()
+    assert lines[0] == "Would submit sleep to spot [spot]: nothing stored or queued (--dry-run)", out
+    assert lines[1] == f"  pool      spot; {plan.placed_by}", out
+    assert lines[2] == ("  estimate  $0.12 on spot, $0.24 on on-demand (at most: 1 GPU(s) x 2m00s, Slurm's limit in "
+                        "whole minutes)"), out
+    assert lines[3] == "  budget    $27.88 of $100.00 in 2026-fall would be left, with this job's estimate reserved"
+    assert lines[4].startswith("  Slurm     accepted") and 'time_limit "1:30" is 1m30s' in lines[5], out
+    answer = json.loads(gb("submit", "--dry-run", "--json", "--group", "vision", "--time", "2h", "--", "sleep", "5"))
+    assert answer["estimate_micros"] == 7_200_000 and answer["dry_run"] is True and "cautions" not in answer
+    assert "--key names the job a submission makes" in gb("submit", "--dry-run", "--key", new_key(), "--group",
+                                                          "vision", "--", "sleep", "5", code=2)
+    assert len(client.history()) == 1 and len(list(tmp_path.glob("gbroker-*.out"))) == 1  # the submitted job's
