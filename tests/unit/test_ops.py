@@ -564,6 +564,24 @@ def test_journald_lines_carry_the_syslog_priority() -> None:
     assert not plain.format(rec).startswith("<")
 
 
+def test_the_readme_unit_is_read_by_systemd_without_a_complaint(tmp_path: Path) -> None:
+    """The unit operators copy: systemd's own parser reads every line of it (an unknown key or a bad
+    value is skipped by systemd with a warning only), and lines without a priority are errors."""
+    import subprocess
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    unit = readme.split("```ini\n", 1)[1].split("```", 1)[0]
+    assert "Type=notify" in unit and "\nSyslogLevel=err\n" in unit
+    (tmp_path / "gbroker.service").write_text(unit)
+    p = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "gbroker.service")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout == "", p.stderr
+    (tmp_path / "typo.service").write_text(unit.replace("SyslogLevel=err", "SyslogLevel=eror"))
+    p = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "typo.service")],
+                       capture_output=True, text=True, timeout=60)
+    assert "Failed to parse log level" in p.stderr  # the check can fail
+
+
 def test_idle_connections_cannot_pile_up_in_the_listener(world: World) -> None:
     import socket
     import time
