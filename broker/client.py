@@ -373,6 +373,13 @@ class Job(Record):
 
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timeout", "deadline_missed"})
+JOB_STATES = ("admitted", "pending", "running", "recovering", "held", "unknown",
+              "completed", "failed", "cancelled", "timeout", "deadline_missed")
+"""Every state a job can be in (``broker.states.JobState``; a test keeps the two the same)."""
+MAX_LIST = 10_000
+"""The most jobs one ``list`` answers with."""
+MAX_CANCEL = 1000
+"""The most jobs one ``cancel`` request may name."""
 """Job states after which nothing more happens (``broker.states.TERMINAL``'s values)."""
 
 
@@ -591,8 +598,14 @@ class Client:
         """Your jobs, newest first, ended ones included."""
         return self.jobs(active=False, all_users=all_users, limit=limit)
 
-    def jobs(self, *, active: bool, all_users: bool = False, limit: int = 200) -> list[Job]:
-        answer = self.call("list", repeatable=True, active=active, all_users=all_users, limit=limit)
+    def jobs(self, *, active: bool, all_users: bool = False, limit: int = 200, user: str | None = None,
+             group: str | None = None, state: str | None = None, partitions: list[str] | None = None) -> list[Job]:
+        """Newest first, at most ``limit``: active ones, or all; ``state`` instead of ``active``;
+        ``user`` (another user's: admins only), ``group`` and ``partitions``: only those
+        (filtered by the daemon, so ``limit`` counts the jobs that match)."""
+        filters = {k: v for k, v in (("user", user), ("group", group), ("state", state), ("partitions", partitions))
+                   if v is not None}
+        answer = self.call("list", repeatable=True, active=active, all_users=all_users, limit=limit, **filters)
         if not isinstance(answer, list):
             raise _malformed("job list")
         return [Job.from_dict(j) for j in answer]
@@ -604,10 +617,13 @@ class Client:
     def cancel(self, job_ids: int | list[int]) -> list[Cancelled]:
         """Cancel jobs (your own; admins: any). Not repeated on a lost answer: check with ``show``."""
         ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
-        answer = self.call("cancel", job_ids=ids)
-        if not isinstance(answer, list):
-            raise _malformed("cancel answer")
-        return [Cancelled.from_dict(c) for c in answer]
+        out = []
+        for first in range(0, len(ids), MAX_CANCEL):  # the daemon takes so many per request
+            answer = self.call("cancel", job_ids=ids[first:first + MAX_CANCEL])
+            if not isinstance(answer, list):
+                raise _malformed("cancel answer")
+            out += [Cancelled.from_dict(c) for c in answer]
+        return out
 
     def log_path(self, job_id: int, piece: int | None = None) -> str:
         """Where a job's (or an array piece's) output is; the daemon says where, you read it."""

@@ -275,17 +275,56 @@ def _job_rows(jobs: list[Job]) -> list[list[Any]]:
 _JOB_HEADERS = ["ID", "NAME", "USER", "GROUP", "STATE", "CAPACITY", "PARTITION", "ATTEMPTS", "SLURM", "AGE"]
 
 
+def job_filters(f: Any) -> Any:
+    """The options that pick jobs (status, history, cancel); the daemon filters all but the name."""
+    from broker.client import JOB_STATES
+
+    for option in reversed((
+        click.option("--name", "name_glob", metavar="PATTERN",
+                     help="Only jobs whose name matches, shell-style (quote it): 'sweep-*'."),
+        click.option("--state", type=click.Choice(JOB_STATES), help="Only jobs in this state."),
+        click.option("--group", "-g", help="Only jobs of this group (Slurm account)."),
+        click.option("--partition", "partitions", multiple=True, metavar="PARTITION",
+                     help="Only jobs placed on this partition (repeatable)."),
+        click.option("--user", "-u", metavar="NAME", help="Only this user's jobs (another user's: admins only)."),
+    )):
+        f = option(f)
+    return f
+
+
+def select_jobs(ctx: Context, *, active: bool, all_users: bool, limit: int, name_glob: str | None,
+                state: str | None, group: str | None, partitions: tuple[str, ...], user: str | None) -> list[Job]:
+    """The jobs the filters pick, newest first, at most ``limit``."""
+    from broker.client import MAX_LIST
+
+    jobs = client_of(ctx).jobs(active=active, all_users=all_users, limit=MAX_LIST if name_glob else limit,
+                               user=user, group=group, state=state, partitions=list(partitions) or None)
+    if name_glob is not None:
+        import fnmatch
+
+        jobs = [j for j in jobs if fnmatch.fnmatchcase(j.name, name_glob)][:limit]
+    return jobs
+
+
 @cli.command()
 @click.option("--all", "all_users", is_flag=True, help="Every user's jobs (admins only).")
+@job_filters
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
-def status(ctx: Context, all_users: bool, as_json: bool) -> None:
-    """List your active jobs."""
-    jobs = client_of(ctx).status(all_users=all_users)
+def status(ctx: Context, all_users: bool, as_json: bool, **filters: Any) -> None:
+    """List your active jobs (with --state: the jobs in that state, ended ones too).
+
+    \b
+    Examples:
+      gbroker status --name 'sweep-*'
+      gbroker status --state pending --group vision
+    """
+    jobs = select_jobs(ctx, active=True, all_users=all_users, limit=200, **filters)
     if as_json:
         print_json([j.raw for j in jobs])
     elif not jobs:
-        click.echo("No active jobs. `gbroker history` lists finished ones.")
+        picked = any(v for v in filters.values())
+        click.echo("No job matches." if picked else "No active jobs. `gbroker history` lists finished ones.")
     else:
         print_table(_job_rows(jobs), _JOB_HEADERS)
         _progress_lines(jobs)
@@ -305,15 +344,16 @@ cli.add_command(status, "ls")
 @cli.command()
 @click.option("--limit", default=50, show_default=True, help="How many jobs.")
 @click.option("--all", "all_users", is_flag=True, help="Every user's jobs (admins only).")
+@job_filters
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
-def history(ctx: Context, limit: int, all_users: bool, as_json: bool) -> None:
+def history(ctx: Context, limit: int, all_users: bool, as_json: bool, **filters: Any) -> None:
     """List your jobs, newest first, finished ones included."""
-    jobs = client_of(ctx).history(all_users=all_users, limit=limit)
+    jobs = select_jobs(ctx, active=False, all_users=all_users, limit=limit, **filters)
     if as_json:
         print_json([j.raw for j in jobs])
     elif not jobs:
-        click.echo("No jobs yet.")
+        click.echo("No job matches." if any(v for v in filters.values()) else "No jobs yet.")
     else:
         print_table(_job_rows(jobs), _JOB_HEADERS)
 
@@ -367,10 +407,40 @@ def _show(job: Job, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_ids", type=WHOLE, nargs=-1, required=True)
+@click.argument("job_ids", type=WHOLE, nargs=-1)
+@job_filters
+@click.option("--all", "every", is_flag=True, help="Every active job of yours (with filters: every one they pick).")
 @pass_ctx
-def cancel(ctx: Context, job_ids: tuple[int, ...]) -> None:
-    """Cancel jobs (your own; admins: any)."""
+def cancel(ctx: Context, job_ids: tuple[int, ...], every: bool, **filters: Any) -> None:
+    """Cancel jobs (your own; admins: any), by number or by what they are.
+
+    \b
+    Examples:
+      gbroker cancel 12 13
+      gbroker cancel --name 'sweep-*'       # your active jobs of that name
+      gbroker cancel --state pending --group vision
+      gbroker cancel --all                  # every active job of yours
+    """
+    from broker.client import ENDED
+
+    picked = any(v for v in filters.values())
+    if job_ids and (picked or every):
+        raise SpecError("give job numbers, or filters (--name, --state, --group, --partition, --user, --all), "
+                        "not both", hint="`gbroker status` with the same filters lists what they pick")
+    if not job_ids and not (picked or every):
+        raise SpecError("name the jobs to cancel",
+                        hint="gbroker cancel 12 13; or pick them: --name 'sweep-*', --state pending, --group, "
+                        "--partition; --all for every active job of yours")
+    if filters["state"] in ENDED:
+        raise SpecError(f"jobs in state {filters['state']} have ended; there is nothing to cancel",
+                        hint="pick an active state: admitted, pending, running, recovering, held or unknown")
+    if not job_ids:
+        from broker.client import MAX_LIST
+
+        job_ids = tuple(j.id for j in select_jobs(ctx, active=True, all_users=False, limit=MAX_LIST, **filters))
+        if not job_ids:
+            click.echo("No active job matches; nothing cancelled.")
+            return
     for item in client_of(ctx).cancel(list(job_ids)):
         click.echo(f"Job {item.id}: {item.state}")
 

@@ -369,3 +369,56 @@ def test_a_dry_run_says_where_and_at_what_cost_and_stores_nothing(daemon: tuple[
     assert "--key names the job a submission makes" in gb("submit", "--dry-run", "--key", new_key(), "--group",
                                                           "vision", "--", "sleep", "5", code=2)
     assert len(client.history()) == 1 and len(list(tmp_path.glob("gbroker-*.out"))) == 1  # the submitted job's
+
+
+def test_jobs_are_picked_by_name_state_group_and_partition_to_list_or_cancel(
+        daemon: tuple[World, Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    import broker.cli.jobs  # noqa: F401  (registers the job commands, as main() does)
+    from broker.cli.main import cli
+    from broker.client import JOB_STATES
+    from broker.states import JobState
+
+    assert JOB_STATES == tuple(s.value for s in JobState)
+    world, client = daemon
+    ids = {name: client.submit(_spec(tmp_path, name=name, **kw)).id
+           for name, kw in (("sweep-1", {}), ("sweep-2", {}), ("train", {"partition": "ondemand"}),
+                            ("sim", {"group": "climate"}))}
+    monkeypatch.chdir(tmp_path)
+
+    def gb(*args: str, code: int = 0) -> str:
+        out = CliRunner().invoke(cli, ["--socket", client.socket_path, *args], catch_exceptions=False)
+        assert out.exit_code == code, out.output
+        return out.output
+
+    def listed(*args: str) -> list[str]:
+        import json
+
+        return sorted(j["name"] for j in json.loads(gb(*args, "--json")))
+
+    assert listed("status", "--name", "sweep-*") == ["sweep-1", "sweep-2"]
+    assert listed("status", "--partition", "ondemand") == ["train"]
+    assert listed("status", "--group", "climate") == ["sim"]
+    assert listed("status", "--state", "pending", "--name", "*1") == ["sweep-1"]
+    assert "No job matches." in gb("status", "--name", "nothing*")
+    assert "Invalid value for '--state'" in gb("status", "--state", "sleeping", code=2)
+
+    refused = gb("cancel", code=2)
+    assert "name the jobs to cancel" in refused and "--all for every active job of yours" in refused
+    assert "not both" in gb("cancel", str(ids["sim"]), "--name", "sweep-*", code=2)
+    assert "have ended; there is nothing to cancel" in gb("cancel", "--state", "completed", code=2)
+    out = gb("cancel", "--name", "sweep-*")
+    assert sorted(out.splitlines()) == sorted(f"Job {ids[n]}: cancelled" for n in ("sweep-1", "sweep-2"))
+    assert listed("status") == ["sim", "train"]
+    assert listed("history", "--state", "cancelled") == ["sweep-1", "sweep-2"]
+    assert gb("cancel", "--name", "sweep-*").strip() == "No active job matches; nothing cancelled."
+    assert gb("cancel", "--all").splitlines() == [f"Job {ids['sim']}: cancelled", f"Job {ids['train']}: cancelled"]
+    assert listed("status") == [] and len(listed("history")) == 4
+    # The Python client: the daemon's filters, and cancel in requests of at most 1,000 jobs.
+    assert [j.name for j in client.jobs(active=False, group="climate")] == ["sim"]
+    assert [j.name for j in client.jobs(active=False, partitions=["ondemand"])] == ["train"]
+    sent: list[int] = []
+    monkeypatch.setattr(client, "call", lambda op, **kw: sent.append(len(kw["job_ids"])) or [])
+    client.cancel(list(range(1, 2501)))
+    assert sent == [1000, 1000, 500]
