@@ -100,6 +100,33 @@ def test_non_interruptible_job_runs_on_ondemand_untouched(broker_daemon, slurm_c
     assert d.cli("cancel", str(spot_id), user="carol", cwd=base).code == 0
 
 
+def test_cancel_by_name_cancels_those_jobs_in_slurm_and_only_the_callers(broker_daemon, slurm_cluster):
+    d = broker_daemon
+    bob_dir = user_dir(public_dir("gbroker-bob-"), "bob")
+    jobs = {}
+    for name, user, cwd in (("sweep-a", "alice", None), ("sweep-b", "alice", None), ("keep", "alice", None),
+                            ("sweep-bob", "bob", bob_dir)):
+        r = d.cli("submit", "--json", "--group", "vision", "--name", name, "--time", "10m", "--", "sleep", "300",
+                  user=user, cwd=cwd)
+        assert r.code == 0, r.err
+        jobs[name] = r.json()
+    r = d.cli("cancel", "--name", "sweep-*")
+    assert r.code == 0 and sorted(r.out.splitlines()) == sorted(
+        f"Job {jobs[n]['id']}: cancelled" for n in ("sweep-a", "sweep-b")), r
+    for name in ("sweep-a", "sweep-b"):
+        slurm_id = str(jobs[name]["slurm_job_id"])
+        slurm_cluster.wait_for(lambda sid=slurm_id: slurm_cluster.job_field(sid, "JobState") in ("CANCELLED", ""),
+                               timeout=30, what=f"Slurm job {slurm_id} cancelled")
+    for name, user in (("keep", "alice"), ("sweep-bob", "bob")):
+        assert d.show(jobs[name]["id"], user=user)["state"] in ("pending", "running")
+        state = slurm_cluster.job_field(str(jobs[name]["slurm_job_id"]), "JobState")
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), (name, state)
+    r = d.cli("cancel", "--all", user="bob", cwd=bob_dir)
+    assert r.code == 0 and r.out.strip() == f"Job {jobs['sweep-bob']['id']}: cancelled", r
+    assert ok_json(d.cli("status", "--json"))[0]["name"] == "keep"
+    assert d.cli("cancel", "--all").code == 0 and ok_json(d.cli("status", "--json")) == []
+
+
 @pytest.mark.contract  # a core end-to-end proof: runs on every Slurm release
 def test_crash_after_sbatch_adopts_and_never_submits_twice(broker_daemon, slurm_cluster):
     d = broker_daemon
@@ -225,3 +252,8 @@ def test_daemon_down_is_a_clear_message_and_nothing_is_lost(broker_daemon):
     assert r.code == 6 and "daemon is not running" in r.err and "Nothing was submitted" in r.err
     d.start()
     assert d.cli("history", "--json").json() == []
+
+
+def ok_json(r):
+    assert r.code == 0, r.err
+    return r.json()
