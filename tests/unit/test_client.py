@@ -331,6 +331,8 @@ def test_a_dry_run_says_where_and_at_what_cost_and_stores_nothing(daemon: tuple[
     assert plan.placed_by.startswith(world.svc.policy.name + ": ") and plan.raw["dry_run"] is True
     assert plan.raw["estimate"] == "$0.60" and plan.raw["budget"]["left_after"] == "$99.40"
     assert client.plan(_spec(tmp_path, interruptible=False)).estimates_micros == {"ondemand": 1_200_000}
+    array = client.plan({**_spec(tmp_path), "pieces": "1-40", "chunk": 4})  # 10 tasks, each may run 10 minutes
+    assert (array.raw["tasks"], array.raw["pieces"], array.estimate_micros) == (10, 40, 6_000_000)
     assert world.slurm.calls.get("sbatch", 0) == 0 and client.history() == [] and not list(tmp_path.glob("gbroker-*"))
 
     # Refused as the submission would be, word for word, and nothing is left behind either way.
