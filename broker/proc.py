@@ -23,18 +23,25 @@ and users' files into their own errors. Standard library only.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.errors import BrokerError, NotFound, PermissionDenied
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
+REAP_WAIT_S = 2.0
+"""How long a killed child may take to die before it is left to a reaper thread: SIGKILL does
+not end a process in uninterruptible sleep (a ``find`` in a directory on a hung NFS mount)."""
 """Bytes kept per stream by default; more is dropped and the child killed."""
 USER_UMASK = 0o022
 """Programs run as a user get the usual umask, not the daemon's private 077 (sbatch passes
@@ -160,11 +167,13 @@ class Started:
         self.done = True
         proc, args = self.proc, self.program
         # The deadline counts from here: the time the child waited for its input is the caller's.
-        stdout, stderr, truncated, timed_out = _pump(proc, input, time.monotonic() + self.timeout_s,
-                                                     self.max_output)
-        if timed_out or truncated:
+        deadline = time.monotonic() + self.timeout_s
+        stdout, stderr, truncated, timed_out = _pump(proc, input, deadline, self.max_output)
+        code = None if timed_out or truncated else _wait(proc, deadline - time.monotonic())
+        if code is None:  # past its deadline (its output ended, but it did not), or too much output
+            timed_out = not truncated
             _kill_session(proc)
-        code = proc.wait()
+            code = _reap(proc, args)
         first = stderr.split(b"\n", 1)[0]
         if self.argv[0] == SETPRIV_PROGRAM and code in (126, 127) and first.startswith(b"setpriv: "):
             # setpriv could not take on the identity (127) or not execute the program (126, 127)
@@ -183,8 +192,8 @@ class Started:
         if args[0] == ENV_PROGRAM and code == 125 and b"env: cannot change directory" in first:
             why = stderr.decode("utf-8", "replace").strip().rsplit(": ", 1)[-1]
             raise CommandNotRunnable(why, args, missing_cwd=True, hint="the directory must exist and be enterable")
-        return Result(args, None if timed_out else code, stdout, stderr, time.monotonic() - self.started_at,
-                      truncated)
+        return Result(args, None if timed_out or code is None else code, stdout, stderr,
+                      time.monotonic() - self.started_at, truncated)
 
     def abort(self) -> None:
         """Kill the child (and its session) before it was given its input; reap it."""
@@ -195,7 +204,7 @@ class Started:
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()
-        self.proc.wait()
+        _reap(self.proc, self.program)
 
 
 def start(
@@ -330,6 +339,25 @@ def _pump(
     except subprocess.TimeoutExpired:
         return bytes(out[fo]), bytes(out[fe]), truncated, True
     return bytes(out[fo]), bytes(out[fe]), truncated, False
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """Its exit status, or None if it is still running after ``timeout_s``."""
+    try:
+        return proc.wait(timeout=max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _reap(proc: subprocess.Popen[bytes], argv: Sequence[str]) -> int | None:
+    """Wait up to ``REAP_WAIT_S`` for a killed child; past that, a daemon thread waits for it
+    (no zombie is left) and the caller goes on: one stuck child never stops a tick."""
+    code = _wait(proc, REAP_WAIT_S)
+    if code is None:
+        log.error("%s (pid %d) did not die of SIGKILL within %.0f s (uninterruptible sleep: a hung "
+                  "file system?); left to a reaper thread", os.path.basename(argv[0]), proc.pid, REAP_WAIT_S)
+        threading.Thread(target=proc.wait, name=f"gbroker-reap-{proc.pid}", daemon=True).start()
+    return code
 
 
 def _kill_session(proc: subprocess.Popen[bytes]) -> None:

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from broker import joblog, proc
@@ -173,11 +173,22 @@ class UserFiles:
         out: dict[tuple[str, str], SaveFacts] = {}
         if not requests:
             return out
-        with ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="gbroker-probe") as pool:
+        pool = ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="gbroker-probe")
+        try:
             futures = {owner: pool.submit(self.probe, owner, dirs, timeout_s) for owner, dirs in requests.items()}
+            # Each probe ends by its deadline, or its child is left to a reaper (proc.REAP_WAIT_S);
+            # past both, and the queue ahead of it, an owner's answer is not waited for.
+            rounds = -(-len(requests) // min(8, len(requests)))
+            done, late = wait(futures.values(), timeout=rounds * (timeout_s + proc.REAP_WAIT_S) + 1.0)
             for owner, fut in futures.items():
+                if fut in late:
+                    log.warning("checkpoint probe as %s did not answer in time; its saves are not known this time",
+                                owner)
+                    continue
                 for d, f in (fut.result() or {}).items():
                     out[(owner, d)] = f
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return out
 
 

@@ -38,6 +38,27 @@ def test_a_deadline_kills_the_child_and_what_it_started() -> None:
     assert not marker.exists(), "a grandchild outlived the deadline"
 
 
+def test_a_child_that_closes_its_output_but_runs_on_is_killed_at_its_deadline() -> None:
+    t = time.monotonic()
+    r = proc.run(["sh", "-c", "exec >&- 2>&-; sleep 30"], env=ENV, timeout_s=0.5)
+    assert r.timed_out and time.monotonic() - t < 3
+
+
+def test_a_child_sigkill_cannot_end_is_left_to_a_reaper(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    # A process in uninterruptible sleep (a find on a hung NFS mount) outlives SIGKILL; here the
+    # signal is simply not sent. The caller still gets its answer, REAP_WAIT_S past the deadline.
+    monkeypatch.setattr(proc, "_kill_session", lambda p: None)
+    monkeypatch.setattr(proc, "REAP_WAIT_S", 0.3)
+    t = time.monotonic()
+    try:
+        r = proc.run(["sleep", "30.25"], env=ENV, timeout_s=0.3)
+        assert r.timed_out and time.monotonic() - t < 2
+        assert "left to a reaper thread" in caplog.text
+    finally:
+        os.system("pkill -x -f 'sleep 30.25'")
+
+
 def test_output_past_the_cap_stops_the_child() -> None:
     t = time.monotonic()
     r = proc.run(["yes"], env=ENV, timeout_s=30, max_output=10_000)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import proc
 from broker.errors import SpecError
 from broker.userfiles import SaveFacts, SaveWatcher, UserFiles, parse_listing
 
@@ -99,3 +100,24 @@ def test_the_watcher_never_waits_and_learns_in_the_background() -> None:
     facts = watcher.latest("alice", str(ck))
     assert facts is not None and facts.checkpoint_at is not None
     watcher.close()
+
+
+def test_a_probe_that_never_answers_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    stuck = threading.Event()
+
+    class Files(UserFiles):
+        def probe(self, owner, dirs, timeout_s=0):  # type: ignore[no-untyped-def]
+            if owner == "bob":
+                stuck.wait(30)  # a probe thread that never comes back (its child would not die)
+                return None
+            return {d: "facts" for d in dirs}
+
+    monkeypatch.setattr(proc, "REAP_WAIT_S", 0.2)
+    t = time.monotonic()
+    try:
+        out = Files().probe_many({"alice": ["/a"], "bob": ["/b"]}, timeout_s=0.2)
+    finally:
+        stuck.set()
+    assert out == {("alice", "/a"): "facts"} and time.monotonic() - t < 3
