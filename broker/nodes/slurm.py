@@ -18,19 +18,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.nodes.policy import PendingJob
+from broker.slurm import parse
 from broker.slurm.backend import SlurmJob
 from broker.slurm.hostlist import compress, expand
-from broker.slurm.runner import Runner
+from broker.slurm.runner import Runner, clean_env
 
-FS = "\x1f"
-RS = "\x1e"
 PENDING_FIELDS = ("JobID", "Partition", "Reason", "ReqNodes", "NumNodes", "tres-per-node", "Feature")
 _GPUS = re.compile(r"gpu(?:[:/][A-Za-z0-9_.-]+)*?[:=](\d+)$")
 _NO_VALUE = frozenset({"", "n/a", "(null)", "none", "null"})
-
-
-def _fmt(fields: tuple[str, ...]) -> str:
-    return ",".join([f"{f}:0{FS}" for f in fields[:-1]] + [f"{fields[-1]}:0{RS}"])
 
 
 def gpus_per_node(tres_per_node: str) -> int:
@@ -53,13 +48,14 @@ def unavailable_nodes(reason: str) -> tuple[str, ...]:
         return ()
 
 
-def parse_pending(stdout: str) -> list[PendingJob]:
+def parse_pending(stdout: str, sep: parse.Separators = parse.PLAIN) -> list[PendingJob]:
+    """Output of ``squeue -h -O <parse.long_format(PENDING_FIELDS, sep)>``."""
     out: list[PendingJob] = []
-    for record in stdout.split(RS):
+    for record in stdout.split(sep.rs):
         record = record.strip("\n")
         if not record.strip():
             continue
-        f = record.split(FS)
+        f = record.split(sep.fs)
         if len(f) != len(PENDING_FIELDS):
             continue
         jid, part, reason, req, num, tres, feat = (x.strip() for x in f)
@@ -102,11 +98,10 @@ class NodeSlurm:
 
     def pending_jobs(self, jobs: Iterable[SlurmJob] | None = None) -> list[PendingJob]:
         """Pending jobs with their needs (one squeue call)."""
-        out = self.runner.run(
-            ["squeue", "--all", "--noheader", "--states=PENDING", f"--Format={_fmt(PENDING_FIELDS)}"],
-            env=self._env(),
-        ).stdout
-        return parse_pending(out)
+        sep = parse.Separators.fresh()  # as Backend.jobs(): see broker.slurm.parse
+        env = {**(self._env() or clean_env()), parse.SQUEUE_FORMAT_ENV: parse.long_format(PENDING_FIELDS, sep)}
+        out = self.runner.run(["squeue", "--all", "--noheader", "--states=PENDING"], env=env).stdout
+        return parse_pending(out, sep)
 
     def set_state(self, names: list[str], state: str, reason: str) -> None:
         """``scontrol update NodeName=... State=DOWN|DRAIN Reason=...`` (one call)."""

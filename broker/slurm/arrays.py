@@ -39,24 +39,20 @@ def parse_task_id(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def parse_array_sacct(stdout: str) -> list[ArrayRow]:
-    """Output of ``sacct -n -P -o <ARRAY_SACCT_FIELDS>``: the runs of array tasks, numbered per task."""
-    lines = [ln for ln in stdout.split("\n") if ln.strip()]
+def parse_array_sacct(stdout: str, fs: str = parse.FS) -> list[ArrayRow]:
+    """Output of ``sacct -n -P --delimiter=<fs> -o <ARRAY_SACCT_FIELDS>``: the runs of array tasks, numbered per task."""
     named: dict[int, tuple[int, int]] = {}
     plain = []
-    for line in lines:
-        head, sep, jobid = line.rpartition(parse.FS)
-        if not sep:
-            continue
+    for fields in parse.delimited_rows(stdout, len(ARRAY_SACCT_FIELDS), "sacct", fs):
+        *head, jobid = fields
         task = parse_task_id(jobid)
-        raw = line.split(parse.FS, 1)[0].strip()
+        raw = head[0].strip()
         if task is None or not raw.isdigit():
             continue  # a plain job, or tasks that never started (nothing ran, nothing to charge)
         named[int(raw)] = task
         plain.append(head)
-    rows = parse.parse_sacct("\n".join(plain) + "\n") if plain else []
     out = []
-    for r in rows:
+    for r in parse.sacct_rows(plain):
         array_id, index = named[r.job_id]
         out.append(ArrayRow(array_id=array_id, task=index, row=r))
     return out

@@ -138,8 +138,8 @@ class CliBackend(Backend):
         """
         return clean_env(self._slurm_conf())
 
-    def _query(self, argv: list[str]) -> str:
-        return self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env()).stdout
+    def _query(self, argv: list[str], **env: str) -> str:
+        return self.runner.run(argv, timeout_s=self.query_timeout_s, env={**self.query_env(), **env}).stdout
 
     def _control(self, argv: list[str]) -> None:
         self.runner.run(argv, timeout_s=self.query_timeout_s, env=self.query_env())
@@ -250,16 +250,11 @@ class CliBackend(Backend):
     ) -> list[SlurmJob]:
         # Without --array: an array's tasks that have not started are one row (ArrayTaskID
         # "5-1000%16"), so a listing grows with the tasks started, not with the tasks asked for.
-        out = self._query(
-            [
-                "squeue",
-                "--all",
-                "--noheader",
-                "--states=all",
-                f"--Format={parse.long_format(parse.SQUEUE_FIELDS)}",
-            ]
-        )
-        jobs = parse.parse_squeue(out)
+        # The format (with this listing's own separators) goes in the environment, out of sight.
+        sep = parse.Separators.fresh()
+        out = self._query(["squeue", "--all", "--noheader", "--states=all"],
+                          **{parse.SQUEUE_FORMAT_ENV: parse.long_format(parse.SQUEUE_FIELDS, sep)})
+        jobs = parse.parse_squeue(out, sep)
         if job_ids is not None:
             wanted = set(job_ids)
             jobs = [j for j in jobs if j.job_id in wanted or j.array_job_id in wanted]
@@ -270,9 +265,10 @@ class CliBackend(Backend):
     def history(
         self, job_ids: Iterable[int] | None = None, since: datetime | None = None
     ) -> list[SacctRow]:
+        sep = parse.Separators.fresh()  # sacct has no other way to take it than its command line
         argv = [
             "sacct", "--allusers", "--allocations", "--duplicates", "--noheader",
-            "--parsable2", f"--delimiter={parse.FS}",
+            "--parsable2", f"--delimiter={sep.fs}",
             f"--format={','.join(parse.SACCT_FIELDS)}",
             f"--starttime={_fmt_time(since) if since else '1970-01-01T00:00:00'}",
             "--endtime=now",
@@ -282,20 +278,21 @@ class CliBackend(Backend):
             if not ids:
                 return []
             argv.append(f"--jobs={','.join(ids)}")
-        return parse.parse_sacct(self._query(argv))
+        return parse.parse_sacct(self._query(argv), sep.fs)
 
     def array_history(self, array_ids: Iterable[int]) -> list[ArrayRow]:
         """Every run of every task of these arrays: ``sacct --duplicates`` with the task's ``JobID`` (``123_7``)."""
         ids = _ids(array_ids)
         if not ids:
             return []
+        sep = parse.Separators.fresh()
         argv = [
             "sacct", "--allusers", "--allocations", "--duplicates", "--noheader",
-            "--parsable2", f"--delimiter={parse.FS}",
+            "--parsable2", f"--delimiter={sep.fs}",
             f"--format={','.join(arrays.ARRAY_SACCT_FIELDS)}",
             "--starttime=1970-01-01T00:00:00", "--endtime=now", f"--jobs={','.join(ids)}",
         ]  # fmt: skip
-        return arrays.parse_array_sacct(self._query(argv))
+        return arrays.parse_array_sacct(self._query(argv), sep.fs)
 
     def nodes(self) -> list[NodeInfo]:
         out = self._query(

@@ -5,17 +5,27 @@ recorded real output. The formats they read are defined next to them
 (``SQUEUE_FIELDS`` ...), using only fields and options that both Slurm
 22.05 and 24.11 have.
 
-Fields are separated by ASCII unit separators (0x1F) and, where Slurm
-lets us, records end with an ASCII record separator (0x1E): job names and
-comments may contain ``|``, spaces or even newlines; they never contain
-these control characters in practice, and a record that does not parse is
-skipped with a warning rather than guessed.
+Fields are separated by an ASCII unit separator (0x1F) and, where Slurm
+lets us, records end with an ASCII record separator (0x1E). A job's name
+and comment are whatever its owner wrote, and Slurm keeps them byte for
+byte: ``|``, spaces, newlines and these very control characters. So the
+commands that print them (squeue, sacct) are given ``Separators.fresh()``:
+each separator followed by a random token drawn for that one command,
+which no owner can know when naming a job. A name cannot then end a field
+or a record early, and one user's job cannot print a record that reads as
+another's. sacct ends its rows with a bare newline (it has no record
+suffix), so its rows are counted by separators, not split at newlines
+(``delimited_rows``). A record that does not parse is skipped with a warning
+rather than guessed.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +37,44 @@ log = logging.getLogger(__name__)
 
 FS = "\x1f"  # field separator
 RS = "\x1e"  # record separator (squeue/sinfo -O suffix on the last field)
+
+
+@dataclass(frozen=True)
+class Separators:
+    """The field and record separators of one command's output."""
+
+    fs: str = FS
+    rs: str = RS
+
+    @classmethod
+    def fresh(cls) -> Separators:
+        """FS and RS, each followed by 16 random hex digits drawn now, for one command."""
+        token = secrets.token_hex(8)
+        return cls(FS + token, RS + token)
+
+    def respell(self, plain: str) -> str:
+        """``plain`` output (written with the bare FS and RS, as recordings are) with these separators."""
+        return plain.replace(RS, "\0").replace(FS, self.fs).replace("\0", self.rs)
+
+
+PLAIN = Separators()
+"""The bare separators: sinfo (whose fields are the admins' and Slurm's own) and recordings."""
+
+SQUEUE_FORMAT_ENV = "SQUEUE_FORMAT2"
+"""squeue reads its ``--Format`` from here: in the environment the token is not in the process's
+command line, which every user of the machine can read in /proc while squeue runs."""
+
+
+def separators_of(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Separators:
+    """The separators a squeue or sacct command asks for (for programs that answer in Slurm's place)."""
+    spec = (env or {}).get(SQUEUE_FORMAT_ENV, "")
+    for a in argv:
+        if a.startswith("--Format="):
+            spec = a.removeprefix("--Format=")
+        if a.startswith("--delimiter="):
+            return Separators(a.removeprefix("--delimiter="), RS)
+    m = re.search(f"{FS}([0-9a-f]*),", spec)
+    return Separators(FS + m.group(1), RS + m.group(1)) if m else PLAIN
 
 ARRAY_FIELDS: tuple[str, ...] = ("ArrayJobID", "ArrayTaskID")
 """squeue's fields of array tasks (``broker.slurm.arrays``), at the end of ``SQUEUE_FIELDS``."""
@@ -49,9 +97,9 @@ GRES_USED_FIELDS: tuple[str, ...] = ("NodeList", "GresUsed")
 _NO_VALUE = frozenset({"", "n/a", "none", "unknown", "(null)", "null", "not_set", "invalid"})
 
 
-def long_format(fields: tuple[str, ...]) -> str:
+def long_format(fields: tuple[str, ...], sep: Separators = PLAIN) -> str:
     """An ``-O/--Format`` spec: size 0 means "print it whole" (no padding, no cut)."""
-    specs = [f"{name}:0{FS}" for name in fields[:-1]] + [f"{fields[-1]}:0{RS}"]
+    specs = [f"{name}:0{sep.fs}" for name in fields[:-1]] + [f"{fields[-1]}:0{sep.rs}"]
     return ",".join(specs)
 
 
@@ -128,7 +176,8 @@ def parse_gres_gpus(gres: str) -> int:
     return total
 
 
-def _records(stdout: str, nfields: int, what: str, terminator: str, optional: int = 0) -> list[list[str]]:
+def _records(stdout: str, nfields: int, what: str, terminator: str, optional: int = 0,
+             fs: str = FS) -> list[list[str]]:
     """The records of ``stdout``; the last ``optional`` fields may be missing (read as empty)."""
     out: list[list[str]] = []
     chunks = stdout.split(terminator)
@@ -136,7 +185,7 @@ def _records(stdout: str, nfields: int, what: str, terminator: str, optional: in
         rec = chunk.strip("\n")
         if not rec.strip():
             continue
-        fields = rec.split(FS)
+        fields = rec.split(fs)
         if nfields - optional <= len(fields) < nfields:
             fields += [""] * (nfields - len(fields))
         if len(fields) != nfields:
@@ -147,11 +196,45 @@ def _records(stdout: str, nfields: int, what: str, terminator: str, optional: in
     return out
 
 
-def parse_squeue(stdout: str) -> list[SlurmJob]:
-    """Output of ``squeue -h -O <long_format(SQUEUE_FIELDS)>``."""
+def delimited_rows(stdout: str, nfields: int, what: str, fs: str) -> list[list[str]]:
+    """The rows of ``sacct --parsable2 --delimiter=<fs>``, counted by separators.
+
+    A row is ``nfields`` fields and ends with a newline; a field (a name, a comment) may
+    hold newlines too. Split at ``fs``, the output is one token per field, except that a
+    row's last field and the next row's first (JobIDRaw: digits) share one token, joined
+    by the newline that ended the row: its last newline.
+    """
+    tokens = stdout.split(fs)
+    if len(tokens) == 1:
+        if tokens[0].strip():
+            log.warning("skipping %s output without a single field separator: %r", what, stdout[:200])
+        return []
+    if (len(tokens) - 1) % (nfields - 1):
+        log.error("%s printed %d separators, not a whole number of %d-field rows; reading none of it: %r",
+                  what, len(tokens) - 1, nfields, stdout[:200])  # fmt: skip
+        return []
+    out: list[list[str]] = []
+    first = tokens[0]
+    for i in range(1, len(tokens), nfields - 1):
+        *middle, tail = tokens[i:i + nfields - 1]
+        if i + nfields - 1 == len(tokens):  # the last row
+            last, nxt = tail.removesuffix("\n"), ""
+        else:
+            last, newline, nxt = tail.rpartition("\n")
+            if not newline:
+                log.error("%s rows do not line up at row %d; reading only the rows before it: %r",
+                          what, len(out) + 1, tail[:200])  # fmt: skip
+                return out
+        out.append([first.lstrip("\n"), *middle, last])
+        first = nxt
+    return out
+
+
+def parse_squeue(stdout: str, sep: Separators = PLAIN) -> list[SlurmJob]:
+    """Output of ``squeue -h -O <long_format(SQUEUE_FIELDS, sep)>``."""
     jobs: list[SlurmJob] = []
     # The array fields came last, later: a listing without them (a recording) reads as plain jobs.
-    for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", RS + "\n", optional=len(ARRAY_FIELDS)):
+    for f in _records(stdout, len(SQUEUE_FIELDS), "squeue", sep.rs + "\n", optional=len(ARRAY_FIELDS), fs=sep.fs):
         (jid, name, user, account, part, state_raw, reason, nodelist,
          restarts, submit, start, limit, comment, array_jid, array_task) = f  # fmt: skip
         try:
@@ -197,10 +280,15 @@ def array_fields(array_jid: str, array_task: str) -> dict[str, Any]:
     return {}
 
 
-def parse_sacct(stdout: str) -> list[SacctRow]:
-    """Output of ``sacct -n -P --delimiter=<FS> -o <SACCT_FIELDS>`` (one row per attempt)."""
+def parse_sacct(stdout: str, fs: str = FS) -> list[SacctRow]:
+    """Output of ``sacct -n -P --delimiter=<fs> -o <SACCT_FIELDS>`` (one row per attempt)."""
+    return sacct_rows(delimited_rows(stdout, len(SACCT_FIELDS), "sacct", fs))
+
+
+def sacct_rows(records: list[list[str]]) -> list[SacctRow]:
+    """``SACCT_FIELDS`` records as rows, numbered per job (``number_attempts``)."""
     rows: list[SacctRow] = []
-    for f in _records(stdout, len(SACCT_FIELDS), "sacct", "\n"):
+    for f in records:
         (jid, name, user, account, part, state_raw, nodelist, submit, start, end,
          elapsed, tres, exit_code, comment) = f  # fmt: skip
         try:

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from broker.clock import FakeClock  # noqa: E402
 from broker.config import Settings  # noqa: E402
+from broker.slurm import parse  # noqa: E402
 from broker.slurm.runner import CallCounter, CompletedRun  # noqa: E402
 
 FS, RS = "\x1f", "\x1e"
@@ -71,7 +72,8 @@ class RecordedArrays:
 
     def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # noqa: ANN001
         self.counter.record(argv)
-        out = self.squeue if os.path.basename(argv[0]) == "squeue" else ""
+        # Written with the bare separators; printed with the ones this listing asked for, as squeue does.
+        out = parse.separators_of(argv, env).respell(self.squeue) if os.path.basename(argv[0]) == "squeue" else ""
         return CompletedRun(list(argv), out, "", 0, 0.0)
 
 
@@ -134,8 +136,6 @@ def bench(arrays: int, tasks: int, steady_runs: int) -> dict[str, float]:
         runner.render()
         busy, busy_calls = tick()
         t0 = time.perf_counter()
-        from broker.slurm import parse
-
         parse.parse_squeue(runner.squeue)
         parse_s = time.perf_counter() - t0
         return {

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from broker.clock import FakeClock  # noqa: E402
 from broker.config import Settings  # noqa: E402
+from broker.slurm import parse  # noqa: E402
 from broker.slurm.runner import CallCounter, CompletedRun  # noqa: E402
 from dev_daemon import daemon_env, dev_cluster_conf  # noqa: E402
 
@@ -60,7 +61,8 @@ class RecordedSqueue:
 
     def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # noqa: ANN001
         self.counter.record(argv)
-        out = self.squeue if os.path.basename(argv[0]) == "squeue" else ""
+        # Written with the bare separators; printed with the ones this listing asked for, as squeue does.
+        out = parse.separators_of(argv, env).respell(self.squeue) if os.path.basename(argv[0]) == "squeue" else ""
         return CompletedRun(list(argv), out, "", 0, 0.0)
 
 

@@ -253,6 +253,50 @@ def test_missing_partition_is_refused_with_slurms_message(jobs: Jobs) -> None:
     assert "Invalid partition name specified" in err.stderr
 
 
+# ------------------------------------------- names that print separators (docs/SECURITY.md)
+
+
+def test_a_name_and_a_comment_cannot_print_records_for_someone_elses_job(jobs: Jobs, slurm_cluster: Any) -> None:
+    """Slurm keeps a job's name and comment byte for byte, control characters and newlines
+    included, and squeue and sacct print them raw. alice names her own job so that, printed
+    with the bare separators, it reads as bob's job: a forged queue record and a forged
+    accounting row (the ledger's input). Neither is read as bob's."""
+    from broker.slurm import parse
+
+    bob = jobs.submit("bob", ["sleep", "300"], user="bob", hold=True)
+    bob_name, bob_key = jobs.prefix + "bob", f"gbk:{jobs.prefix}bob:0"
+    queued = [str(bob), bob_name, "bob", "vision", "spot", "RUNNING", "None", "spot1", "0",
+              "2026-12-01T10:00:00", "2026-12-01T10:00:05", "1:00:00", bob_key, str(bob), "N/A"]
+    accounted = [str(bob), bob_name, "bob", "vision", "spot", "COMPLETED", "spot1", "2026-12-01T10:00:00",
+                 "2026-12-01T10:00:05", "2026-12-01T11:00:05", "999999", "cpu=1,gres/gpu=4", "0:0", bob_key]
+    evil_name = (jobs.prefix + "x" + parse.RS + "\n" + parse.FS.join(queued) + parse.RS + "\n"
+                 + "y\n" + parse.FS.join(accounted) + "\nz")
+    evil_comment = "c" + parse.FS + "d" + parse.RS + "\ne"
+    wd = jobs.workdir("alice")
+    out = slurm_cluster.as_user("alice", ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5",
+                                          "--hold", f"--job-name={evil_name}", f"--comment={evil_comment}",
+                                          "-D", str(wd), "-o", str(wd / "evil.out"), "--wrap", "true"])
+    alice = int(out.stdout.strip().split(";")[0])
+    jobs.ids.append(alice)
+    # The premise: Slurm printed her name whole, separators and newlines as she wrote them.
+    raw = slurm_cluster.run(["squeue", "-h", "-j", str(alice), "-O", "Name:0,Comment:0"]).stdout
+    assert evil_name in raw and evil_comment in raw
+
+    listed = [j for j in jobs.backend.jobs() if j.job_id in (bob, alice)]
+    assert sorted((j.job_id, j.user, j.name) for j in listed) == [(bob, "bob", bob_name), (alice, "alice", evil_name)]
+    assert next(j for j in listed if j.job_id == alice).comment == evil_comment
+
+    jobs.backend.cancel([alice, bob])
+
+    def ended() -> list[SacctRow] | None:
+        rows = jobs.backend.history(job_ids=[bob, alice], since=datetime.now(UTC) - timedelta(hours=1))
+        return rows if len(rows) == 2 and all(r.end is not None for r in rows) else None
+
+    rows = wait_for("both jobs in accounting", ended, 90)
+    assert sorted((r.job_id, r.user, r.name, r.elapsed_s) for r in rows) == [(bob, "bob", bob_name, 0),
+                                                                            (alice, "alice", evil_name, 0)]
+
+
 # --------------------------------------------------------------------- job control
 
 

@@ -36,6 +36,7 @@ from broker.money import nodecost
 from broker.wiring import build_services
 from broker.nodes.slurm import gpus_per_node, parse_pending
 from broker.nodes.manager import NodeManager
+from broker.slurm import parse
 from broker.slurm.backend import Backend, NodeInfo, SlurmJob
 from broker.slurm.runner import CallCounter, CompletedRun
 from broker.slurm.statemap import job_state, parse_node_state
@@ -56,7 +57,8 @@ class FakeRunner:
     def run(self, argv: list[str], *, timeout_s: float | None = None, env: Any = None, user: str | None = None,
             input: str | None = None) -> CompletedRun:
         self.calls.append(list(argv))
-        out = self.pending_out if argv[0] == "squeue" else ""
+        # Canned output is written with the bare separators; squeue would use the ones asked for.
+        out = parse.separators_of(argv, env).respell(self.pending_out) if argv[0] == "squeue" else ""
         return CompletedRun(list(argv), out, "", 0, 0.0)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.errors import ConfigError, SlurmError, SpecError
-from broker.slurm import available_backends, make_backend
+from broker.slurm import available_backends, make_backend, parse
 from broker.slurm.backend import SubmitRequest
 from broker.slurm.cli_backend import CliBackend, time_limit_minutes
 from broker.proc import SAFE_PATH
@@ -33,7 +33,8 @@ class FakeRunner:
         answer = self.answers.get(argv[0], "")
         if isinstance(answer, Exception):
             raise answer
-        return CompletedRun(argv, answer, "", 0, 0.001)
+        # Canned output is written with the bare separators; Slurm would use the ones asked for.
+        return CompletedRun(argv, parse.separators_of(argv, env).respell(answer), "", 0, 0.001)
 
 
 DAEMON_ENV = {

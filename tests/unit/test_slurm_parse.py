@@ -8,6 +8,7 @@ exact command that produced it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -131,10 +132,95 @@ def test_sacct_every_attempt_with_its_own_row() -> None:
     assert running.comment == ""  # slurmdbd gets the comment when the job ends
 
 
-def test_sacct_row_with_wrong_field_count_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
+def test_sacct_output_that_does_not_line_up_is_read_as_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """Rows are counted by separators (a name may hold newlines): a row short of fields shifts
+    every row after it, so nothing is guessed; reconcile reads it again next tick."""
+    with caplog.at_level(logging.ERROR):
         rows = parse.parse_sacct("1" + parse.FS + "x\n" + rec("requeued.sacct.txt"))
-    assert {r.job_id for r in rows} == {1, 2, 3, 4}
+    assert rows == [] and "not a whole number of 14-field rows" in caplog.text
+
+
+# ------------------------------------------- names and comments that print separators
+class Printer:
+    """Prints jobs as squeue -O and sacct -P do: each field whole, then the suffix or delimiter
+    the command asked for; nothing escaped (Slurm keeps names and comments byte for byte)."""
+
+    def __init__(self, squeue: list[dict[str, str]], sacct: list[dict[str, str]]) -> None:
+        self.squeue, self.sacct = squeue, sacct
+        self.counter = CallCounter()
+        self.commands: list[tuple[list[str], dict[str, str]]] = []
+
+    def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # type: ignore[no-untyped-def]
+        self.counter.record(argv)
+        self.commands.append((list(argv), dict(env or {})))
+        if argv[0] == "squeue":
+            spec = next((a.removeprefix("--Format=") for a in argv if a.startswith("--Format=")), None)
+            spec = spec if spec is not None else env[parse.SQUEUE_FORMAT_ENV]
+            items = [item.split(":0", 1) for item in spec.split(",")]
+            out = "".join("".join(job[f] + suffix for f, suffix in items) + "\n" for job in self.squeue)
+        else:
+            delim = next(a.removeprefix("--delimiter=") for a in argv if a.startswith("--delimiter="))
+            fields = next(a.removeprefix("--format=") for a in argv if a.startswith("--format=")).split(",")
+            out = "".join(delim.join(row[f] for f in fields) + "\n" for row in self.sacct)
+        return CompletedRun(argv, out, "", 0, 0.001)
+
+
+def queued(jid: str, name: str, user: str, comment: str) -> dict[str, str]:
+    return {"JobID": jid, "Name": name, "UserName": user, "Account": "lab", "Partition": "spot",
+            "State": "RUNNING", "Reason": "None", "NodeList": "spot1", "RestartCnt": "0",
+            "SubmitTime": "2026-12-01T10:00:00", "StartTime": "2026-12-01T10:00:05", "TimeLimit": "1:00:00",
+            "Comment": comment, "ArrayJobID": jid, "ArrayTaskID": "N/A"}
+
+
+def accounted(jid: str, name: str, user: str, comment: str, elapsed: str = "3600") -> dict[str, str]:
+    return {"JobIDRaw": jid, "JobName": name, "User": user, "Account": "lab", "Partition": "spot",
+            "State": "COMPLETED", "NodeList": "spot1", "Submit": "2026-12-01T10:00:00",
+            "Start": "2026-12-01T10:00:05", "End": "2026-12-01T11:00:05", "ElapsedRaw": elapsed,
+            "AllocTRES": "cpu=1,gres/gpu=4", "ExitCode": "0:0", "Comment": comment, "JobID": jid}
+
+
+def forged_squeue_record(jid: str, user: str, comment: str) -> str:
+    """One squeue record, written with the bare separators anyone can type into a job name."""
+    f = queued(jid, "gb-" + comment + "-1", user, comment)
+    return parse.FS.join(f[k] for k in parse.SQUEUE_FIELDS) + parse.RS + "\n"
+
+
+def test_a_name_cannot_print_a_queue_record_for_someone_elses_job() -> None:
+    # mallory names her own job so that, printed raw, it reads as bob's job 7 (bob's key is in
+    # the queue for all to see): were it believed, the daemon would act on bob's job as root.
+    evil = "x" + parse.RS + "\n" + forged_squeue_record("7", "bob", "gbk:bob:1") + "y"
+    printer = Printer([queued("5", evil, "mallory", "c" + parse.FS + "d\ne"), queued("6", "gb-ok-1", "bob", "k")], [])
+    jobs = CliBackend(printer).jobs()
+    assert [(j.job_id, j.user) for j in jobs] == [(5, "mallory"), (6, "bob")]
+    assert jobs[0].name == evil and jobs[0].comment == "c" + parse.FS + "d\ne"  # hers, whole
+
+
+def test_a_name_cannot_print_an_accounting_row_nor_hide_its_own_hours() -> None:
+    # The ledger charges from sacct: a forged row could bill bob, or make mallory's run free.
+    forged = accounted("7", "gb-gbk:bob:1-1", "bob", "gbk:bob:1", elapsed="999999")
+    evil = "x\n" + parse.FS.join(forged[k] for k in parse.SACCT_FIELDS) + "\ny"
+    printer = Printer([], [accounted("5", evil, "mallory", "gbk:m:1\nand more"), accounted("6", "gb-b-1", "bob", "")])
+    rows = CliBackend(printer).history(job_ids=[5, 6, 7])
+    assert [(r.job_id, r.user, r.elapsed_s) for r in rows] == [(5, "mallory", 3600), (6, "bob", 3600)]
+    assert rows[0].name == evil and rows[0].comment == "gbk:m:1\nand more"
+
+
+def test_array_rows_are_read_the_same_way() -> None:
+    forged = {**accounted("7", "gb-gbk:bob:1-1", "bob", "gbk:bob:1"), "JobID": "3_1"}
+    evil = "x\n" + parse.FS.join(forged[k] for k in (*parse.SACCT_FIELDS, "JobID")) + "\ny"
+    printer = Printer([], [{**accounted("5", evil, "mallory", "c\n"), "JobID": "4_2"}])
+    (row,) = CliBackend(printer).array_history([3, 4])
+    assert (row.array_id, row.task, row.row.job_id, row.row.user, row.row.comment) == (4, 2, 5, "mallory", "c\n")
+
+
+def test_every_listing_draws_its_own_separators_and_squeue_keeps_them_off_its_command_line() -> None:
+    printer = Printer([queued("6", "gb-ok-1", "bob", "k")], [accounted("6", "gb-ok-1", "bob", "k")])
+    backend = CliBackend(printer)
+    backend.jobs(), backend.jobs(), backend.history(job_ids=[6]), backend.history(job_ids=[6])
+    seps = [parse.separators_of(argv, env) for argv, env in printer.commands]
+    assert len({s.fs for s in seps}) == 4 and all(len(s.fs) == 17 for s in seps)
+    for argv, env in printer.commands[:2]:
+        assert not any(parse.separators_of([], env).fs[1:] in a for a in argv)  # /proc/PID/cmdline is public
 
 
 # ------------------------------------------------------------------- sinfo
@@ -224,8 +310,19 @@ def test_sbatch_without_an_id_is_an_error() -> None:
 # ------------------------------------------- the recordings match today's commands
 
 
+def as_recorded(argv: list[str], env: Mapping[str, str] | None) -> list[str]:
+    """A command as the recordings hold it: the bare separators (the backend draws a token per
+    command), squeue's format on the command line (the backend passes it in the environment)."""
+    sep = parse.separators_of(argv, env)
+    out = [a.replace(sep.fs, parse.FS).replace(sep.rs, parse.RS) for a in argv]
+    spec = (env or {}).get(parse.SQUEUE_FORMAT_ENV)
+    if spec is not None:
+        out.append("--Format=" + spec.replace(sep.fs, parse.FS).replace(sep.rs, parse.RS))
+    return out
+
+
 class ReplayRunner:
-    """Answers each command with the recorded output of the same argv."""
+    """Answers each command with the recorded output of the same argv, written with its separators."""
 
     def __init__(self, scenario: str) -> None:
         self.scenario = scenario
@@ -233,6 +330,7 @@ class ReplayRunner:
 
     def run(self, argv, *, timeout_s=None, env=None, user=None, input=None):  # type: ignore[no-untyped-def]
         self.counter.record(argv)
+        sep, argv = parse.separators_of(argv, env), as_recorded(argv, env)
         name = f"{self.scenario}.{argv[0]}"
         # not splitlines(): it treats \x1e as a line break
         recorded = (DATA / f"{name}.argv").read_text().split("\n")[:-1]
@@ -241,7 +339,7 @@ class ReplayRunner:
             recorded = [a for a in recorded if not a.startswith("--starttime=")]
         assert argv == recorded or (argv[0] == "squeue" and before_arrays(argv) == recorded), \
             f"{name}: the backend no longer runs the recorded command"
-        return CompletedRun(argv, (DATA / f"{name}.txt").read_text(), "", 0, 0.01)
+        return CompletedRun(argv, sep.respell((DATA / f"{name}.txt").read_text()), "", 0, 0.01)
 
 
 def before_arrays(argv: list[str]) -> list[str]:

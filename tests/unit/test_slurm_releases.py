@@ -20,7 +20,7 @@ from broker.slurm.cli_backend import CliBackend
 from broker.slurm.runner import CallCounter, CompletedRun
 from broker.states import AttemptState as A
 from broker.states import NodeState as N
-from test_slurm_parse import before_arrays  # the squeue command the recordings ran (before the array fields)
+from test_slurm_parse import as_recorded, before_arrays  # the squeue command the recordings ran (before the array fields)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 RELEASES = ["24.11", "26.05"]
@@ -137,6 +137,7 @@ class ReplayRunner:
 
     def run(self, argv, *, timeout_s=None, env=None, user=None, input=None, cwd=None):  # type: ignore[no-untyped-def]
         self.counter.record(argv)
+        sep, argv = parse.separators_of(argv, env), as_recorded(argv, env)
         stem = f"{self.base}.{argv[0]}"
         recorded = Path(f"{stem}.argv").read_text().split("\n")[:-1]
         if argv[0] == "sacct":  # the window start differs per run
@@ -144,7 +145,7 @@ class ReplayRunner:
             recorded = [a for a in recorded if not a.startswith("--starttime=")]
         assert argv == recorded or (argv[0] == "squeue" and before_arrays(argv) == recorded), \
             f"{stem}: the backend no longer runs the recorded command"
-        return CompletedRun(argv, Path(f"{stem}.txt").read_text(), "", 0, 0.01)
+        return CompletedRun(argv, sep.respell(Path(f"{stem}.txt").read_text()), "", 0, 0.01)
 
 
 @pytest.mark.parametrize("version", RELEASES)

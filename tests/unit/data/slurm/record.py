@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from broker.slurm import parse
 from broker.slurm.cli_backend import CliBackend
 from broker.slurm.runner import DEFAULT_BIN_DIR, CompletedRun, Runner
 
@@ -46,9 +47,19 @@ class RecordingRunner(Runner):
         result = super().run(argv, timeout_s=timeout_s, env=env, user=user, input=input)
         stem = f"{self.name}.{Path(argv[0]).name}"
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / f"{stem}.txt").write_text(result.stdout)
-        (self.out / f"{stem}.argv").write_text("\n".join(argv) + "\n")
+        # Kept with the bare separators (each command draws its own token), squeue's format
+        # on the command line: the replays answer with the separators the backend asks for.
+        sep = parse.separators_of(argv, env)
+        (self.out / f"{stem}.txt").write_text(plain(result.stdout, sep))
+        recorded = [plain(a, sep) for a in argv]
+        if env and parse.SQUEUE_FORMAT_ENV in env:
+            recorded.append("--Format=" + plain(env[parse.SQUEUE_FORMAT_ENV], sep))
+        (self.out / f"{stem}.argv").write_text("\n".join(recorded) + "\n")
         return result
+
+
+def plain(text: str, sep: parse.Separators) -> str:
+    return text.replace(sep.fs, parse.FS).replace(sep.rs, parse.RS)
 
 
 def main(args: list[str]) -> None:
