@@ -269,32 +269,39 @@ def test_a_name_and_a_comment_cannot_print_records_for_someone_elses_job(jobs: J
               "2026-12-01T10:00:00", "2026-12-01T10:00:05", "1:00:00", bob_key, str(bob), "N/A"]
     accounted = [str(bob), bob_name, "bob", "vision", "spot", "COMPLETED", "spot1", "2026-12-01T10:00:00",
                  "2026-12-01T10:00:05", "2026-12-01T11:00:05", "999999", "cpu=1,gres/gpu=4", "0:0", bob_key]
-    evil_name = (jobs.prefix + "x" + parse.RS + "\n" + parse.FS.join(queued) + parse.RS + "\n"
-                 + "y\n" + parse.FS.join(accounted) + "\nz")
+    queue_forgery = jobs.prefix + "x" + parse.RS + "\n" + parse.FS.join(queued) + parse.RS + "\ny"
+    account_forgery = jobs.prefix + "y\n" + parse.FS.join(accounted) + "\nz"
+    assert len(account_forgery.encode()) < 255  # slurmdbd keeps the first 255 bytes of a name
     evil_comment = "c" + parse.FS + "d" + parse.RS + "\ne"
     wd = jobs.workdir("alice")
-    out = slurm_cluster.as_user("alice", ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5",
-                                          "--hold", f"--job-name={evil_name}", f"--comment={evil_comment}",
-                                          "-D", str(wd), "-o", str(wd / "evil.out"), "--wrap", "true"])
-    alice = int(out.stdout.strip().split(";")[0])
-    jobs.ids.append(alice)
-    # The premise: Slurm printed her name whole, separators and newlines as she wrote them.
-    raw = slurm_cluster.run(["squeue", "-h", "-j", str(alice), "-O", "Name:0,Comment:0"]).stdout
-    assert evil_name in raw and evil_comment in raw
 
-    listed = [j for j in jobs.backend.jobs() if j.job_id in (bob, alice)]
-    assert sorted((j.job_id, j.user, j.name) for j in listed) == [(bob, "bob", bob_name), (alice, "alice", evil_name)]
-    assert next(j for j in listed if j.job_id == alice).comment == evil_comment
+    def sbatch_as_alice(name: str) -> int:
+        out = slurm_cluster.as_user("alice", ["sbatch", "--parsable", "-p", "spot", "-A", "vision", "-t", "5",
+                                              "--hold", f"--job-name={name}", f"--comment={evil_comment}",
+                                              "-D", str(wd), "-o", str(wd / "evil.out"), "--wrap", "true"])
+        jobs.ids.append(int(out.stdout.strip().split(";")[0]))
+        return jobs.ids[-1]
 
-    jobs.backend.cancel([alice, bob])
+    a1, a2 = sbatch_as_alice(queue_forgery), sbatch_as_alice(account_forgery)
+    # The premise: Slurm prints her names whole, separators and newlines as she wrote them.
+    raw = slurm_cluster.run(["squeue", "-h", "-j", f"{a1},{a2}", "-O", "Name:0,Comment:0"]).stdout
+    assert queue_forgery in raw and account_forgery in raw and evil_comment in raw
+
+    listed = [j for j in jobs.backend.jobs() if j.job_id in (bob, a1, a2)]
+    assert sorted((j.job_id, j.user, j.name) for j in listed) == [
+        (bob, "bob", bob_name), (a1, "alice", queue_forgery), (a2, "alice", account_forgery)]
+    assert [j.comment for j in listed if j.user == "alice"] == [evil_comment] * 2
+
+    jobs.backend.cancel([a1, a2, bob])
 
     def ended() -> list[SacctRow] | None:
-        rows = jobs.backend.history(job_ids=[bob, alice], since=datetime.now(UTC) - timedelta(hours=1))
-        return rows if len(rows) == 2 and all(r.end is not None for r in rows) else None
+        rows = jobs.backend.history(job_ids=[bob, a1, a2], since=datetime.now(UTC) - timedelta(hours=1))
+        # slurmdbd may first hold a cancelled job under the placeholder name "allocation".
+        return rows if len(rows) == 3 and all(r.end is not None and r.name != "allocation" for r in rows) else None
 
-    rows = wait_for("both jobs in accounting", ended, 90)
-    assert sorted((r.job_id, r.user, r.name, r.elapsed_s) for r in rows) == [(bob, "bob", bob_name, 0),
-                                                                            (alice, "alice", evil_name, 0)]
+    rows = wait_for("the three jobs in accounting", ended, 90)
+    assert sorted((r.job_id, r.user, r.elapsed_s) for r in rows) == [(bob, "bob", 0), (a1, "alice", 0), (a2, "alice", 0)]
+    assert [r.name for r in sorted(rows, key=lambda r: r.job_id)] == [bob_name, queue_forgery, account_forgery]
 
 
 # --------------------------------------------------------------------- job control
