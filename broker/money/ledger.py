@@ -140,13 +140,14 @@ def charge_ended_runs(svc: Services, now: datetime) -> int:
     return charged
 
 
-def runs_of_job(rows: list[SacctRow], key: str) -> list[SacctRow]:
+def runs_of_job(rows: list[SacctRow], key: str, owner: str) -> list[SacctRow]:
     """The rows of one gbroker job, numbered 0.. in run order.
 
     Slurm reuses job ids once its state is reset, so a Slurm id alone can name
-    runs of two jobs; the job name (``<key>-<attempt>``) tells them apart.
+    runs of two jobs; the owner and the job name (``<key>-<attempt>``) tell them
+    apart. Anyone may name a job ``<key>-1``: a row of another user is never this job's.
     """
-    mine = [r for r in rows if not r.name or r.name.startswith(key + "-")]
+    mine = [r for r in rows if r.user == owner and (not r.name or r.name.startswith(key + "-"))]
     if len(mine) == len(rows):
         return rows
     return number_attempts(mine)
@@ -158,7 +159,7 @@ def _charge_slurm_job(
 ) -> int:
     job = s.get(Job, attempts[0].job_id)
     assert job is not None
-    rows = runs_of_job(all_rows, job.key)
+    rows = runs_of_job(all_rows, job.key, job.owner_name)
     settled = {
         (sid, idx)
         for idx in s.execute(

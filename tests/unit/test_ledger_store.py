@@ -365,3 +365,21 @@ def test_idle_time_of_a_node_resumed_before_its_price_existed_is_charged_once_th
     with w.svc.sessions() as s:
         priced = s.execute(select(Event.data_json).where(Event.kind == "node_priced")).scalars().all()
     assert len(priced) == 1 and '"idle_cost_micros": 90000' in priced[0]
+
+
+def test_a_reused_slurm_id_is_charged_only_for_its_owners_runs() -> None:
+    """Slurm reuses ids once its state is reset; anyone may name a job ``<key>-1``. Rows of
+    another user under this job's id are not this job's runs, whatever their name."""
+    from broker.slurm.backend import SacctRow
+    from broker.states import AttemptState
+
+    def row(user: str, name: str, hour: int) -> SacctRow:
+        at = datetime(2026, 10, 1, hour, tzinfo=UTC)
+        return SacctRow(job_id=7, name=name, user=user, account="vision", partition="spot", state_raw="COMPLETED",
+                        state=AttemptState.COMPLETED, nodelist=["spot1"], submit=at, start=at,
+                        end=at + timedelta(hours=1), elapsed_s=3600, alloc_gpus=4, exit_code=0, exit_signal=0,
+                        comment="")
+
+    rows = [row("bob", "gb-k1-1", 8), row("alice", "gb-k1-1", 10), row("alice", "gb-other-1", 12)]
+    (mine,) = ledger.runs_of_job(rows, "gb-k1", "alice")
+    assert (mine.user, mine.start, mine.restarts) == ("alice", rows[1].start, 0)
