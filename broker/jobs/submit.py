@@ -615,6 +615,25 @@ A request larger than a pool's nodes is refused earlier, by the catalog's fit.""
 
 PREFLIGHT_TTL = timedelta(minutes=10)
 """How long a passed `sbatch --test-only` vouches for the same user, account, partition and size."""
+PREFLIGHT_KEEP = 10_000
+"""Passes remembered at most: past it, expired ones go, then the ones that expire soonest, down
+to 90 % (a user who varies the size of every submission cannot grow the daemon's memory)."""
+
+
+def remember_pass(cache: dict[tuple[object, ...], datetime], key: tuple[object, ...], now: datetime) -> None:
+    """Note a pass. Submissions run in several threads: the cache is read from a snapshot
+    (``list(dict.items())`` is one step under the GIL) and entries are popped, never iterated live."""
+    cache[key] = now + PREFLIGHT_TTL
+    if len(cache) <= PREFLIGHT_KEEP:
+        return
+    entries = list(cache.items())
+    alive = [(until, k) for k, until in entries if until > now]
+    alive.sort(key=lambda e: e[0])
+    gone = [k for k, until in entries if until <= now]
+    if len(alive) > PREFLIGHT_KEEP:  # down to 90 %, so the sort is paid once per 1,000 passes
+        gone += [k for _, k in alive[: len(alive) - PREFLIGHT_KEEP * 9 // 10]]
+    for k in gone:
+        cache.pop(k, None)
 
 
 def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capacity: Capacity,
@@ -654,7 +673,7 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
             hint=f"check --group (your Slurm account; `sacctmgr show assoc user={caller.name}` lists yours) "
             "and the size; nothing was submitted",
         ) from None
-    cache[cache_key] = now + PREFLIGHT_TTL
+    remember_pass(cache, cache_key, now)
     return f"accepted (sbatch --test-only as {caller.name})"
 
 
