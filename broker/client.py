@@ -26,6 +26,7 @@ from __future__ import annotations
 import _socket  # the C module: socket.py's enum set-up costs the CLI milliseconds it need not spend
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -104,6 +105,20 @@ def call(
         pause = min(pause * 2, 2.0)
 
 
+def _check_server(sock: Any, socket_path: str) -> None:
+    """The daemon is root's (the lab's) or the caller's own, as the kernel says (SO_PEERCRED):
+    a socket someone else put in the caller's way (``/tmp/gbroker-UID`` made first by another
+    user, while the lab's daemon was down) gets nothing, not a job script, not a command."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
+    uid = int.from_bytes(raw[4:8], sys.byteorder)
+    if uid not in (0, os.geteuid()):
+        raise DaemonUnavailable(
+            f"{socket_path} is served by uid {uid}, neither root nor you; nothing was sent to it",
+            hint="someone else's program may be listening there: use the lab's daemon "
+            "(--socket /run/gbroker/gbroker.sock) and tell your admin",
+        )
+
+
 def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: bool, op: str) -> dict[str, Any]:
     """One connection: send, read the answer line. _LostAnswer once the request may have left."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -125,6 +140,7 @@ def _exchange(socket_path: str, payload: bytes, timeout: float, sent_before: boo
                 f"no permission to connect to {socket_path}",
                 hint="ask an admin to make the socket world-connectable (mode 0666)",
             ) from None
+        _check_server(sock, socket_path)
         try:
             try:
                 sock.sendall(payload)

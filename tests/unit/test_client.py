@@ -424,3 +424,44 @@ def test_jobs_are_picked_by_name_state_group_and_partition_to_list_or_cancel(
     monkeypatch.setattr(client, "call", lambda op, **kw: sent.append(len(kw["job_ids"])) or [])
     client.cancel(list(range(1, 2501)))
     assert sent == [1000, 1000, 500]
+
+
+SPOOF = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(3)
+try:
+    got = c.recv(65536)
+except OSError:
+    got = b""
+print(len(got), flush=True)
+c.sendall(b'{"ok": true, "result": {"user": "you", "uid": 0, "admin": true}}\\n')
+"""
+
+
+def test_a_socket_served_by_another_user_gets_nothing(tmp_path: Path) -> None:
+    """Another user listens where the caller's client looks (``/tmp/gbroker-UID``, made first):
+    the kernel names the server's uid, and the client sends nothing to it."""
+    import os
+    import subprocess
+
+    from broker import client as client_mod
+
+    if os.geteuid() != 0:
+        pytest.fail("this test runs a server as nobody: run the unit tests as root, as CI does")
+    d = Path(tempfile.mkdtemp(prefix="gb-spoof-"))
+    d.chmod(0o777)
+    path = d / "gbroker.sock"
+    server = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                               "/usr/bin/python3", "-c", SPOOF, str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        with pytest.raises(DaemonUnavailable, match=r"served by uid \d+, neither root nor you"):
+            client_mod.call(str(path), "ping", timeout=5)
+        assert server.stdout.readline().strip() == "0"  # not a byte of the request
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(d, ignore_errors=True)
