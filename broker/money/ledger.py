@@ -61,6 +61,7 @@ from broker.pools.catalog import Billing
 from broker.ownership import is_ours, verified
 from broker.slurm.backend import SacctRow
 from broker.slurm.parse import number_attempts
+from broker.spec import account_name
 from broker.states import ATTEMPT_TERMINAL, BUDGET_HELD, TERMINAL, AttemptState, JobState, PieceState
 from broker.state import Services
 
@@ -221,7 +222,10 @@ def _charge_run(
         run = Run(row.job_id, row.restarts, start, elapsed, gpus, partition, capacity, lost)
         ondemand = (svc.settings.partition_for("ondemand"), "ondemand")
         lines = split_run(run, book, cuts=cuts, ondemand=ondemand)
-    account = row.account or job.group_name
+    # The account whose budget admitted the job: an owner may move a waiting job to another
+    # account of hers in Slurm (scontrol update), past that account's admission.
+    account = job.group_name
+    moved = bool(row.account) and account_name(row.account) != account_name(job.group_name)
     user = job.owner_name or row.user
     pool, gpu_type = pool_and_gpu(svc.settings, partition)
     for line in lines:
@@ -250,6 +254,11 @@ def _charge_run(
     if source == "observed":
         note = (f"; accounting recorded {max(0, row.elapsed_s)} s for this run (Slurm lost it), "
                 "charged the time gbroker saw it run")
+    if moved:
+        note += (f"; Slurm ran it under account {row.account} (changed after submission), charged to "
+                 f"{job.group_name}, whose budget admitted it")
+        log.warning("job %s: Slurm job %s ran under account %s, not its group's %s; charged to %s",
+                    job.id, row.job_id, row.account, job.group_name, job.group_name)
     store.add_event(
         s, "charged",
         f"run {row.restarts} of Slurm job {row.job_id} ({row.state_raw}, {elapsed}s x {gpus} GPU on "

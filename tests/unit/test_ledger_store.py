@@ -383,3 +383,25 @@ def test_a_reused_slurm_id_is_charged_only_for_its_owners_runs() -> None:
     rows = [row("bob", "gb-k1-1", 8), row("alice", "gb-k1-1", 10), row("alice", "gb-other-1", 12)]
     (mine,) = ledger.runs_of_job(rows, "gb-k1", "alice")
     assert (mine.user, mine.start, mine.restarts) == ("alice", rows[1].start, 0)
+
+
+def test_a_job_moved_to_another_account_in_slurm_is_charged_to_the_group_that_admitted_it(db_url: str) -> None:
+    """An owner may move her waiting job to another account of hers (scontrol update
+    Account=...), past that account's admission: the run is charged where it was admitted."""
+    from sqlalchemy import select as sel
+
+    from broker.db.models import Event
+
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]  # vision's
+    w.tick()
+    w.slurm.jobs_by_id[sid].account = "climate"
+    w.slurm.start(sid)
+    w.advance(20)
+    w.slurm.finish(sid)
+    w.tick()
+    assert [(ln["account"], ln["amount_micros"]) for ln in w.lines()] == [("vision", 20_000)]
+    with w.svc.sessions() as s:
+        said = [e.message for e in s.execute(sel(Event).where(Event.kind == "charged")).scalars()]
+    assert any("under account climate (changed after submission)" in m for m in said), said
