@@ -12,6 +12,8 @@ Slurm's signals:
   (``--signal=B:<SIG>@<lead>``, sent to this shell) and forwarded to the
   whole group; TERM (Slurm stopping the job) is forwarded the same way. The
   job log gets a line for each signal sent, and for a program a signal ended.
+  A signal that comes between starting the program and learning its pid
+  (bash runs traps between commands) is sent just after, not dropped.
 * ``wait`` returns early whenever a trapped signal arrives, so it is called
   again until the program's own exit status is known; then the script waits
   for the rest of the group (a trainer still saving after its wrapper died).
@@ -67,6 +69,7 @@ note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB
 child=0
 interrupted=0
 warned=0
+early=""
 forward() {
     interrupted=1
     if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
@@ -75,12 +78,18 @@ forward() {
     if [ "$child" -ne 0 ]; then
         note "SIG$1 ($2) sent to the job"
         kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
+    else
+        # Between starting the program and learning its pid: sent just after.
+        early="$1 $2"
     fi
 }
 __TRAPS__
 
 setsid __COMMAND__ &
 child=$!
+if [ -n "$early" ]; then
+    forward "${early%% *}" "${early#* }"
+fi
 
 # A trapped signal makes `wait` return early (status > 128) while the program
 # still runs; wait again until it has really exited and keep its status.

@@ -187,9 +187,21 @@ def _start(
             warning_signal_s=60,
         )
     )
-    proc = subprocess.Popen(["/bin/bash", str(script)])
+    with open(tmp_path / "script.out", "wb") as out:  # its notes, shown when a test fails
+        proc = subprocess.Popen(["/bin/bash", str(script)], stdout=out, stderr=subprocess.STDOUT)
     _wait_for(log, "start")
     return proc, log
+
+
+def _exit_status(proc: subprocess.Popen[bytes], tmp_path: Path, timeout: float = 15) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(
+            f"the script ran on past {timeout} s; it said:\n{(tmp_path / 'script.out').read_text()}"
+            f"\nthe program's log:\n{(tmp_path / 'log.txt').read_text()}"
+        ) from None
 
 
 def _wait_for(log: Path, text: str, timeout: float = 10) -> None:
@@ -207,13 +219,33 @@ def test_usr1_is_forwarded_and_the_script_waits_for_the_real_exit(tmp_path: Path
     proc, log = _start(tmp_path, "exit-after-signal", resume="/ck/step-5")
     assert (tmp_path / "ck dir").is_dir()
     proc.send_signal(signal.SIGUSR1)
-    code = proc.wait(timeout=15)
+    code = _exit_status(proc, tmp_path)
     lines = log.read_text().splitlines()
     assert lines[0] == f"start j-1 3 {tmp_path / 'ck dir'} /ck/step-5"
-    assert lines[1:] == ["got SIGUSR1", "checkpointed"]
+    assert lines[1:] == ["got SIGUSR1", "checkpointed"], (tmp_path / "script.out").read_text()
     # The program ended badly (7) after the time-limit warning without asking to go on:
     # the script says it ran out of time (124), not that it failed.
     assert code == TIMED_OUT_EXIT
+
+
+def test_a_signal_between_starting_the_program_and_learning_its_pid_is_sent_just_after(
+        tmp_path: Path) -> None:
+    """bash runs a trap between two commands; the one between `setsid … &` and `child=$!` saw no pid.
+
+    A DEBUG trap (read from BASH_ENV before the script) signals the script at exactly that
+    point. The signal used to be dropped: the program ran on to its end, and the job with it.
+    """
+    hook = tmp_path / "hook.sh"
+    hook.write_text('trap \'[ "$BASH_COMMAND" = "child=\\$!" ] && kill -USR1 $$\' DEBUG\n')
+    script = tmp_path / "batch.sh"
+    script.write_text(render_batch_script(
+        job_id="j-1", attempt=0, checkpoint_dir=str(tmp_path / "ck"),
+        command=["sleep", "30"], warning_signal_s=60))
+    env = dict(os.environ, BASH_ENV=str(hook))
+    proc = subprocess.run(["/bin/bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=15, check=False)
+    assert "SIGUSR1 (time-limit warning) sent to the job" in proc.stdout
+    assert proc.returncode == TIMED_OUT_EXIT
 
 
 def test_a_program_that_marked_its_work_done_is_not_out_of_time_when_the_warning_ends_it(
@@ -224,14 +256,14 @@ def test_a_program_that_marked_its_work_done_is_not_out_of_time_when_the_warning
     assert record_finished(tmp_path / "ck dir")  # as the program's rank zero does at its end
     assert (tmp_path / "ck dir" / ".gbroker-finished-3").exists()  # this attempt's mark
     proc.send_signal(signal.SIGUSR1)
-    assert proc.wait(timeout=15) == 0
+    assert _exit_status(proc, tmp_path) == 0
 
 
 def test_a_finished_mark_of_another_attempt_does_not_count(tmp_path: Path) -> None:
     proc, _ = _start(tmp_path, "exit-after-signal")
     (tmp_path / "ck dir" / ".gbroker-finished-2").touch()
     proc.send_signal(signal.SIGUSR1)
-    assert proc.wait(timeout=15) == TIMED_OUT_EXIT
+    assert _exit_status(proc, tmp_path) == TIMED_OUT_EXIT
 
 
 def test_term_is_forwarded_and_repeated_signals_keep_waiting(tmp_path: Path) -> None:
@@ -240,14 +272,14 @@ def test_term_is_forwarded_and_repeated_signals_keep_waiting(tmp_path: Path) -> 
     _wait_for(log, "got SIGUSR1")
     assert proc.poll() is None  # one signal: the program goes on, so does the script
     proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=15)
+    code = _exit_status(proc, tmp_path)
     assert log.read_text().splitlines()[1:] == ["got SIGUSR1", "got SIGTERM", "two signals"]
     assert code == 0
 
 
 def test_exit_status_is_the_programs(tmp_path: Path) -> None:
     proc, _ = _start(tmp_path, "exit3")
-    assert proc.wait(timeout=15) == 3
+    assert _exit_status(proc, tmp_path) == 3
 
 
 def test_program_killed_by_a_signal_reports_it(tmp_path: Path) -> None:
@@ -257,7 +289,7 @@ def test_program_killed_by_a_signal_reports_it(tmp_path: Path) -> None:
     )
     child = int(pgrep.stdout.split()[0])
     os.kill(child, signal.SIGKILL)
-    assert proc.wait(timeout=15) == 128 + signal.SIGKILL
+    assert _exit_status(proc, tmp_path) == 128 + signal.SIGKILL
 
 
 @pytest.mark.parametrize("restarts,attempt,resume", [("", "3", ""), ("2", "5", "/ck/j")])

@@ -14,6 +14,7 @@ note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB
 child=0
 interrupted=0
 warned=0
+early=""
 forward() {
     interrupted=1
     if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
@@ -22,12 +23,18 @@ forward() {
     if [ "$child" -ne 0 ]; then
         note "SIG$1 ($2) sent to the job"
         kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
+    else
+        # Between starting the program and learning its pid: sent just after.
+        early="$1 $2"
     fi
 }
 trap 'forward TERM "Slurm stops the job"' TERM
 
 setsid /bin/bash /home/alice/run.sh &
 child=$!
+if [ -n "$early" ]; then
+    forward "${early%% *}" "${early#* }"
+fi
 
 # A trapped signal makes `wait` return early (status > 128) while the program
 # still runs; wait again until it has really exited and keep its status.

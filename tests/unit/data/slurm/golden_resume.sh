@@ -17,6 +17,7 @@ note "job $GBROKER_JOB_ID attempt $GBROKER_ATTEMPT starts: Slurm job ${SLURM_JOB
 child=0
 interrupted=0
 warned=0
+early=""
 forward() {
     interrupted=1
     if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
@@ -25,6 +26,9 @@ forward() {
     if [ "$child" -ne 0 ]; then
         note "SIG$1 ($2) sent to the job"
         kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
+    else
+        # Between starting the program and learning its pid: sent just after.
+        early="$1 $2"
     fi
 }
 trap 'forward USR1 "time-limit warning"' USR1
@@ -32,6 +36,9 @@ trap 'forward TERM "Slurm stops the job"' TERM
 
 setsid python3 train.py --name 'it'"'"'s; $(rm -rf /)' '#SBATCH --partition=od' &
 child=$!
+if [ -n "$early" ]; then
+    forward "${early%% *}" "${early#* }"
+fi
 
 # A trapped signal makes `wait` return early (status > 128) while the program
 # still runs; wait again until it has really exited and keep its status.
