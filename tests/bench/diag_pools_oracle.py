@@ -41,6 +41,17 @@ while every pool was out, its hours waiting, and its moves:
 
     PYTHONPATH=. python tests/bench/diag_pools_oracle.py --decompose [--half all] [--base NAME]
 
+``--noise S1,S2,...`` asks how good a window predictor must be: the same
+oracle, but it sees each window's whole length through a fixed error, the
+length times exp(s x Z) with Z standard normal, drawn once per window (so
+asking again does not average it out). For each s it prints the gap per
+setting, the settings meeting the target, and the AUC of that noisy
+length as a predictor of "lasts 3 changeovers more" at the points ``--fit``
+samples (every 2 minutes where a pool has spot younger than 3 d), the
+figure the online predictors were measured by:
+
+    PYTHONPATH=. python tests/bench/diag_pools_oracle.py --noise 0,0.5,1,2 --half all --starts 20
+
 ``--lags`` prints whether the market has a daily or weekly cycle worth
 reading: the AUC, per pool set and look-back, of the share of the same 3
 changeovers a lag earlier in which the pool had spot as a predictor of a
@@ -53,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -250,6 +262,135 @@ def lag_predictors(d: int = 720, stride_s: int = 120) -> None:
         print(f"| {label} | {nodes} | {half_of(label)} | {n * g / 86400:.1f} | " + " | ".join(cells) + " |")
 
 
+def window_bounds(avail: list[bool], i: int) -> tuple[int, int]:
+    """The first step of the spot window that step ``i`` is in, and the first step after it."""
+    lo = i
+    while lo > 0 and avail[lo - 1]:
+        lo -= 1
+    hi = i
+    while hi < len(avail) and avail[hi]:
+        hi += 1
+    return lo, hi
+
+
+def seen_length(sigma: float, seed: int, pool: int, start: int, length_s: int) -> float:
+    """A window's whole length as a predictor with a log-normal error of ``sigma`` sees it:
+    one draw per window (pool, first step), so asking again gives the same answer."""
+    if sigma == 0:
+        return float(length_s)
+    z = random.Random(f"{seed}:{pool}:{start}").gauss(0.0, 1.0)
+    return length_s * math.exp(sigma * z)
+
+
+class Oracle:
+    """Reads the trace's future (see the module docstring): after a reclaim the
+    pool whose window will last longest if that is ``x`` changeovers, else
+    wait while the slack is above 12 % of the work, else on-demand; from
+    on-demand only for a window that will last ``xo`` changeovers; the rest is
+    ``base``'s. With ``sigma`` > 0 it sees each window's length through
+    ``seen_length`` (``--noise``)."""
+
+    name = "oracle"
+
+    def __init__(self, base, feeds, off: int, x: float, xo: float, sigma: float = 0.0, seed: int = 0):  # type: ignore[no-untyped-def]
+        self.base, self.feeds, self.off = base, feeds, off
+        self.x, self.xo, self.sigma, self.seed = x, xo, sigma, seed
+
+    def left(self, k: int, i: int) -> float:
+        """Seconds the window of pool ``k`` at step ``i`` has left, as seen."""
+        g = self.feeds[k].gap_s
+        lo, hi = window_bounds(self.feeds[k].avail, i)
+        return seen_length(self.sigma, self.seed, k, lo, (hi - lo) * g) - (i - lo) * g
+
+    def place_pools(self, job, markets):  # type: ignore[no-untyped-def]
+        g = self.feeds[0].gap_s
+        i = self.off + job.elapsed_s // g
+        up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
+        if (job.current is Capacity.SPOT and job.pool in up) or not up:
+            return self.base.place_pools(job, markets)
+        if safety_form(job, markets[0], 1)[0] < 0:
+            return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
+        lefts = {k: self.left(k, i) for k in up}
+        best = max(up, key=lambda k: lefts[k])
+        left, d = lefts[best], job.changeover_s
+        if job.current is Capacity.ONDEMAND:
+            ok = left >= self.xo * d
+            return PoolPlacement(Capacity.SPOT if ok else Capacity.ONDEMAND, best if ok else None, "", 1)
+        if left >= self.x * d:
+            return PoolPlacement(Capacity.SPOT, best, "", 1)
+        if slack_share_form(job, share(0.12))[0] >= 0:
+            return PoolPlacement(Capacity.NONE, None, "", 1)
+        return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
+
+
+def noise_auc(sigma: float, seed: int, d: int = 720, stride_s: int = 120) -> float:
+    """AUC of the seen remaining length as a predictor of "lasts 3 d more", sampled as ``window_samples``
+    (every ``stride_s`` where a pool has spot younger than 3 d and the window's end is in the trace), all pool sets."""
+    import numpy as np
+
+    xs: list[float] = []
+    ys: list[bool] = []
+    for _, nodes, traces in pool_sets():
+        for k, t in enumerate(align(traces)):
+            avail = [c >= nodes for c in t.counts]
+            g = t.gap_s
+            for i in range(0, len(avail), max(1, stride_s // g)):
+                if not avail[i]:
+                    continue
+                lo, hi = window_bounds(avail, i)
+                if lo == 0 or hi >= len(avail) or (i - lo) * g >= 3 * d:
+                    continue
+                xs.append(seen_length(sigma, seed, k, lo, (hi - lo) * g) - (i - lo) * g)
+                ys.append((hi - i) * g >= 3 * d)
+    x, y = np.array(xs), np.array(ys)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    r = (np.cumsum(counts) - (counts - 1) / 2)[inv]
+    n1 = y.sum()
+    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
+
+
+def noisy_oracle(sigmas: list[float], half: str, ratios: list[float], starts: int, seed: int, base_name: str,
+                 x: float, xo: float) -> None:
+    """``--noise``: the oracle's gap per setting for each error ``sigma``, beside the base policy and the target."""
+    base = policy_of(base_name)
+    aucs = [noise_auc(s, seed) for s in sigmas]
+    print("| pool set | N | W/D | half | target | policy gap | " + " | ".join(f"oracle, sigma {s:g}" for s in sigmas) + " |")
+    print("|" + "---|" * (6 + len(sigmas)))
+    meeting = [0] * len(sigmas)
+    met_base = rows = 0
+    for label, nodes, traces in pool_sets():
+        if half != "all" and half_of(label) != half:
+            continue
+        traces = align(traces)
+        for r in ratios:
+            s = pool_setting(r, 720, len(traces), nodes)
+            w = PoolWorker(traces, [base_name, BEST_POOL_UP, OPTIMUM], s, starts, seed)
+            job = SimJob(s.work_s, s.deadline_s, s.changeover_s, nodes=s.nodes)
+            gaps: list[list[float]] = [[] for _ in sigmas]
+            gb, up = [], []
+            for off in w.offsets:
+                smp = w.run(off)
+                for n, sg in enumerate(sigmas):
+                    o = run_pools(Oracle(base, w.feeds, off, x, xo, sg, seed), job, w.feeds, off,  # type: ignore[arg-type]
+                                  s.spot_micros, s.ondemand_micros, w.horizon, use_hints=False)
+                    assert o.met
+                    gaps[n].append(o.cost_us / smp.optimum_us - 1)
+                gb.append(smp.results[base_name].cost_us / smp.optimum_us - 1)
+                up.append(smp.results[BEST_POOL_UP].cost_us / smp.optimum_us - 1)
+            u, gp = (100 * sum(v) / len(v) for v in (up, gb))
+            target = min(10.0, u / 2)
+            xs = [100 * sum(v) / len(v) for v in gaps]
+            rows += 1
+            met_base += gp <= target
+            for n, v in enumerate(xs):
+                meeting[n] += v <= target
+            print(f"| {label} | {nodes} | {r} | {half_of(label)} | {target:.1f}% | {gp:.1f}% | "
+                  + " | ".join(f"{v:.1f}%" + ("" if v <= target else " (no)") for v in xs) + " |", flush=True)
+    print(f"| settings meeting the target (of {rows}) | | | | | {met_base} | " + " | ".join(map(str, meeting)) + " |")
+    print("| AUC of the seen length, lasts 3 d more | | | | | | " + " | ".join(f"{v:.3f}" for v in aucs) + " |")
+
+
+
 class _Recorder:
     """Wraps a policy and keeps every answer with the time and how many pools
     had spot (the simulator asks again on every change, so an
@@ -324,6 +465,9 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="fit gbroker's window predictor on half A, print it, stop")
     ap.add_argument("--lags", action="store_true",
                     help="print how well the same time a day (or other lag) earlier predicts a window's length, and stop")
+    ap.add_argument("--noise", metavar="S1,S2,...",
+                    help="run the oracle with each window's length seen through a log-normal error of these sigmas, "
+                         "print the gaps and the AUC of such a predictor, and stop")
     ap.add_argument("--decompose", action="store_true",
                     help="print where the policy's gap goes against the optimum's hours, per setting, and stop")
     a = ap.parse_args()
@@ -339,40 +483,11 @@ def main() -> None:
     if a.windows:
         window_predictors()
         return
+    if a.noise is not None:
+        noisy_oracle([float(x) for x in a.noise.split(",")], a.half, [float(x) for x in a.ratios.split(",")],
+                     a.starts, a.seed, a.base, a.x, a.xo)
+        return
     base = policy_of(a.base)
-
-    class Oracle:
-        name = "oracle"
-
-        def __init__(self, feeds, off):  # type: ignore[no-untyped-def]
-            self.feeds, self.off = feeds, off
-
-        def place_pools(self, job, markets):  # type: ignore[no-untyped-def]
-            g = self.feeds[0].gap_s
-            i = self.off + job.elapsed_s // g
-            up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
-            if (job.current is Capacity.SPOT and job.pool in up) or not up:
-                return base.place_pools(job, markets)
-            if safety_form(job, markets[0], 1)[0] < 0:
-                return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
-
-            def rem(k: int) -> int:
-                f, j = self.feeds[k], i
-                while j < len(f.avail) and f.avail[j]:
-                    j += 1
-                return (j - i) * g
-
-            best = max(up, key=rem)
-            left, d = rem(best), job.changeover_s
-            if job.current is Capacity.ONDEMAND:
-                ok = left >= a.xo * d
-                return PoolPlacement(Capacity.SPOT if ok else Capacity.ONDEMAND, best if ok else None, "", 1)
-            if left >= a.x * d:
-                return PoolPlacement(Capacity.SPOT, best, "", 1)
-            if slack_share_form(job, share(0.12))[0] >= 0:
-                return PoolPlacement(Capacity.NONE, None, "", 1)
-            return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
-
     print("| pool set | N | W/D | half | UP-best gap | target | policy gap | oracle gap | oracle meets the target |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, nodes, traces in pool_sets():
@@ -386,8 +501,8 @@ def main() -> None:
             for off in w.offsets:
                 smp = w.run(off)
                 job = SimJob(s.work_s, s.deadline_s, s.changeover_s, nodes=s.nodes)
-                o = run_pools(Oracle(w.feeds, off), job, w.feeds, off, s.spot_micros, s.ondemand_micros,  # type: ignore[arg-type]
-                              w.horizon, use_hints=False)
+                o = run_pools(Oracle(base, w.feeds, off, a.x, a.xo), job, w.feeds, off,  # type: ignore[arg-type]
+                              s.spot_micros, s.ondemand_micros, w.horizon, use_hints=False)
                 assert o.met
                 gs.append(o.cost_us / smp.optimum_us - 1)
                 gb.append(smp.results[a.base].cost_us / smp.optimum_us - 1)
