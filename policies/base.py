@@ -284,7 +284,9 @@ class Policy(ABC):
         1. A prepaid (owned, reserved) pool with room: the cheapest per unit of work.
         2. A job running on paid capacity stays, unless a prepaid pool has
            room and moving saves more than the changeover and the unsaved
-           work cost (``_move_back``; never for a job that cannot checkpoint).
+           work cost, or it runs on on-demand and the policy's rule for a
+           job on on-demand sends it back to spot (``_move_back``; never for
+           a job that cannot checkpoint).
         3. Spot, when the job may be interrupted: the single-pool decision
            (``place``) on the spot pool with the lowest expected cost per unit
            of work among those with spot for its gang (its own pool first
@@ -371,23 +373,56 @@ class Policy(ABC):
         return max(spots, key=lambda k: (pools[k].market.spot_uptime_fraction or 0.0, -k))
 
     def _move_back(self, job: JobView, pools: Sequence[PoolView], free: Sequence[int]) -> PoolChoice:
-        """A job running on paid capacity: move to a free prepaid pool when the saving beats the changeover."""
+        """A job running on paid capacity: move to a free prepaid pool when the saving beats the
+        changeover; else, from on-demand, back to spot when the policy's own rule says so
+        (``_back_to_spot``). A job that cannot checkpoint never moves."""
         here = job.pool if job.pool is not None and 0 <= job.pool < len(pools) else None
         stay = PoolChoice(here, job.current, "stays where it runs")
-        if here is None or not free or not job.checkpointable:
+        if here is None or not job.checkpointable:
             return stay
-        k = free[0]
-        gpus = job.gpus
-        left_h = job.work_left_s / 3600
-        now_cost = pools[here].cost_micros if pools[here].capacity is not Capacity.SPOT else \
-            expected_spot_cost(job, pools[here])
-        saving = (now_cost - pools[k].cost_micros) * gpus * left_h
         unsaved = max(0, job.done_s - (job.safe_done_s if job.safe_done_s is not None else job.done_s))
-        move_cost = pools[here].price_micros * gpus * (job.changeover_s + unsaved) / 3600
-        if saving > move_cost:
-            return PoolChoice(k, pools[k].capacity,
-                              f"moves to {pools[k].name}: saves {saving - move_cost:.0f} micro-units after the changeover")
+        if free:
+            k = free[0]
+            gpus = job.gpus
+            left_h = job.work_left_s / 3600
+            now_cost = pools[here].cost_micros if pools[here].capacity is not Capacity.SPOT else \
+                expected_spot_cost(job, pools[here])
+            saving = (now_cost - pools[k].cost_micros) * gpus * left_h
+            move_cost = pools[here].price_micros * gpus * (job.changeover_s + unsaved) / 3600
+            if saving > move_cost:
+                return PoolChoice(k, pools[k].capacity,
+                                  f"moves to {pools[k].name}: saves {saving - move_cost:.0f} micro-units after the changeover")
+        if job.current is Capacity.ONDEMAND and unsaved <= job.changeover_s:
+            back = self._back_to_spot(job, pools, here)
+            if back is not None:
+                return back
         return stay
+
+    def _back_to_spot(self, job: JobView, pools: Sequence[PoolView], here: int) -> PoolChoice | None:
+        """A job on on-demand that may be interrupted: leave for spot when the policy's rule for a
+        job on on-demand says so, asked as the simulator asks it (``place_pools``, one market per
+        spot pool that is observed and cheaper per unit of work than the pool it runs on; a pool
+        without room for the gang shows no spot). The spot pool it names, or None to stay. The caller has checked that
+        the move loses at most one changeover of unsaved work (the policy's arithmetic counts
+        the changeover only)."""
+        spots = [k for k, p in enumerate(pools)
+                 if p.capacity is Capacity.SPOT and p.cost_micros < pools[here].cost_micros
+                 and p.market.spot_up_s is not None]  # spot seen, not the prior of a market never observed
+        if not job.interruptible or not spots:
+            return None
+        od = int(pools[here].cost_micros)
+        markets = [replace(pools[k].market, spot_price_micros=int(pools[k].cost_micros), ondemand_price_micros=od,
+                           spot_available=pools[k].market.spot_available if pools[k].room else 0)
+                   for k in spots]
+        pl = self.place_pools(replace(job, pool=None), markets)
+        if pl.capacity is not Capacity.SPOT or pl.pool is None or not 0 <= pl.pool < len(spots):
+            return None
+        k = spots[pl.pool]
+        left = job.time_left_s
+        safe = job.done_s if job.safe_done_s is None else job.safe_done_s
+        if left is not None and left - markets[pl.pool].step_s < job.work_s - safe + 2 * job.changeover_s:
+            return None  # the changeover there and, after a reclaim, back would cost the deadline
+        return PoolChoice(k, Capacity.SPOT, f"back to spot in {pools[k].name}: {pl.reason}")
 
 
 @dataclass

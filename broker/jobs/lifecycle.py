@@ -146,16 +146,26 @@ def attempt_running(s: Session, job: Job, att: Attempt, nodes: str, started_at: 
     store.set_job_state(s, job, JobState.RUNNING, f"running on {nodes}", now=now)
 
 
+def move_goal(capacity: Capacity) -> str:
+    """Why gbroker moves a running job to ``capacity``, in the words of its events."""
+    if capacity is Capacity.ONDEMAND:
+        return "to meet the deadline"
+    if capacity is Capacity.SPOT:
+        return "back to spot, cheaper while it lasts"
+    return "to run on capacity already paid for"
+
+
 def attempt_moving(
     s: Session, job: Job, att: Attempt, partition: str, why: str, now: datetime,
     capacity: Capacity = Capacity.ONDEMAND,
 ) -> None:
     """gbroker requeues the running attempt onto ``partition`` (until Slurm has): to keep the
-    deadline on on-demand, or back to owned capacity that freed up. The job is placed there now."""
+    deadline on on-demand, back to owned capacity that freed up, or from on-demand back to spot.
+    The job is placed there now."""
     _to(att, AttemptState.MOVING)
     was = att.capacity.value if att.capacity is not None else "?"
     job.partition, job.capacity = partition, capacity
-    goal = "to meet the deadline" if capacity is Capacity.ONDEMAND else "to run on capacity already paid for"
+    goal = move_goal(capacity)
     store.add_event(s, "fallback", f"running on {was}; requeued to {partition} {goal} ({why})",
                     now=now, job_id=job.id)
 

@@ -351,7 +351,7 @@ def _follow(
             if job.deadline is not None and att.capacity == Capacity.SPOT:
                 _deadline_while_running(s, svc, job, att, sj, now, plan)
             if att.state == AttemptState.RUNNING and att.capacity in (Capacity.SPOT, Capacity.ONDEMAND):
-                _back_to_prepaid(s, svc, job, att, sj, now, plan)
+                _move_running(s, svc, job, att, sj, now, plan)
     elif sj.state == AttemptState.PENDING:
         lifecycle.attempt_pending(att)
         if is_failure_hold(sj.reason):
@@ -363,8 +363,12 @@ def _follow(
             _deadline_fallback(s, svc, job, att, sj, now, plan)
         if not held and att.capacity == Capacity.SPOT and svc.settings.pools:
             _spot_pool_gone(s, svc, job, att, sj, now, plan)
-        elif att.partition and sj.partition != att.partition and att.partition in svc.settings.partitions:
-            plan.move.append((sj.job_id, att.partition))  # a move whose partition update did not go through yet
+        if (att.partition and sj.partition != att.partition and att.partition in svc.settings.partitions
+                and (sj.job_id, att.partition) not in plan.move):
+            # A move whose partition update did not go through yet: the attempt was opened while
+            # Slurm still showed the requeued job's last run, or the update was refused. Before the
+            # requeue delay is skipped below, or the job would start again where it ran.
+            plan.move.append((sj.job_id, att.partition))
         if sj.reason == "BeginTime":
             # gbroker never asks for a begin time: this is Slurm's requeue delay. Skip it.
             plan.start_now.append(sj.job_id)
@@ -531,13 +535,18 @@ def _cheapest_ondemand(svc: Services, spec: JobSpec) -> str:
     return min(fit, key=lambda p: (prices.get(p.name, 0) / p.speed, p.name)).partition
 
 
-def _back_to_prepaid(
+def _move_running(
     s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime, plan: TickPlan
 ) -> None:
-    """A job running on paid capacity while an owned or reserved pool that fits has room:
-    the policy decides whether the saving beats the changeover; if so, requeue it there."""
+    """A checkpointing job running on paid capacity: ask the policy (``place_catalog``) whether it
+    moves, and if so requeue it there. To an owned or reserved pool with room when the saving
+    beats the changeover; from on-demand back to spot when the policy's rule for a job on
+    on-demand says so, as the simulator asks it at every step (a reclaim or an outage sent the
+    job there, and spot is back). A forced partition (the user's choice) never moves, and a
+    move the group's class or GPU-type quota has no room for waits."""
     catalog = svc.settings.catalog()
-    if not catalog.of_class(*PREPAID_CLASSES):
+    to_spot = att.capacity == Capacity.ONDEMAND and bool(catalog.of_class("spot"))
+    if not catalog.of_class(*PREPAID_CLASSES) and not to_spot:
         return
     spec = stored_spec(job)
     if spec.partition or not spec.checkpointable:
@@ -547,16 +556,31 @@ def _back_to_prepaid(
     except SpecError:
         return
     here = pool_index(pools, att.partition)
-    if here is None or not any(p.prepaid for p in pools):
+    if here is None or not any(p.prepaid or (to_spot and p.spot) for p in pools):
         return
+    views = pool_views(svc, spec, pools)
+    if not any(v.room for p, v in zip(pools, views, strict=True) if p.prepaid) and not (
+            to_spot and spec.interruptible
+            and any(v.market.spot_available >= spec.nodes and (v.market.spot_up_s or 0) > 0
+                    for p, v in zip(pools, views, strict=True) if p.spot)):
+        return  # nowhere to go now: skip the checkpoint probe
     attempts = list(s.execute(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)).scalars())
-    saves = svc.saves.latest(job.owner_name, checkpoint_dir_of(job))
+    # A job that saves on a signal saves when the requeue's TERM reaches it: the move loses nothing.
+    signal = spec.checkpoint_style == "signal"
+    saves = None if signal else svc.saves.latest(job.owner_name, checkpoint_dir_of(job))
     done, safe = progress_s(spec, attempts, now, saves.saved_at if saves else None)
+    if signal:
+        safe = done
     view = _view_of(job, spec, now, done_s=done, safe_done_s=safe, current=Capacity(att.capacity), pool=here)
-    choice = svc.policy.place_catalog(view, pool_views(svc, spec, pools))
-    if choice.pool is None or choice.pool == here or choice.capacity not in PREPAID:
+    choice = svc.policy.place_catalog(view, views)
+    if choice.pool is None or choice.pool == here or choice.capacity not in (*PREPAID, Capacity.SPOT):
         return
     target = pools[choice.pool]
+    full = budgets.pool_quota_full(s, job.group_name, svc.settings, budgets.job_size(job).gpus,
+                                   target.partition, att.partition or "")
+    if full is not None:
+        _say_once(s, job, QUOTA_HELD, f"not moved to {target.name}: {full}; it keeps running on {att.partition}", now)
+        return
     lifecycle.attempt_moving(s, job, att, target.partition, choice.reason, now, capacity=Capacity(target.capacity))
     plan.off_spot.append(sj.job_id)
 
@@ -579,13 +603,17 @@ def _quota_holds(s: Session, job: Job, now: datetime, instead: str) -> bool:
     why = budgets.ondemand_quota_full(s, job.group_name, budgets.job_size(job).gpus)
     if why is None:
         return False
-    message = f"not moved to on-demand: {why}; {instead}"
+    _say_once(s, job, QUOTA_HELD, f"not moved to on-demand: {why}; {instead}", now)
+    return True
+
+
+def _say_once(s: Session, job: Job, kind: str, message: str, now: datetime) -> None:
+    """An event on the job, unless its last event already says the same (asked again every tick)."""
     last = s.execute(
         select(Event).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1)
     ).scalar_one_or_none()
-    if last is None or last.kind != QUOTA_HELD or last.message != message:
-        store.add_event(s, QUOTA_HELD, message, now=now, job_id=job.id)
-    return True
+    if last is None or last.kind != kind or last.message != message:
+        store.add_event(s, kind, message, now=now, job_id=job.id)
 
 
 def _move(s: Session, job: Job, state: JobState, reason: str, now: datetime) -> None:
@@ -709,8 +737,7 @@ def _requeued(
         else:  # a move recorded before moves named their target: they all went to on-demand
             partition, capacity = svc.settings.partition_for("ondemand"), Capacity.ONDEMAND
         lifecycle.attempt_moved(s, job, att, partition, now)
-        why = "to meet the deadline" if capacity == Capacity.ONDEMAND else "onto capacity already paid for"
-        _next_attempt(s, svc, job, capacity, f"moving to {partition} {why}", sj,
+        _next_attempt(s, svc, job, capacity, f"moving to {partition} {lifecycle.move_goal(capacity)}", sj,
                       start_now=True, now=now, plan=plan, partition=partition)
         return
     if cause == "REQUEUED":

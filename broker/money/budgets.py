@@ -393,6 +393,34 @@ def gpus_in_flight_by(s: Session, account: str, settings: Settings) -> dict[tupl
     return in_flight(s, account).by(settings)
 
 
+def pool_quota_full(s: Session, account: str, settings: Settings, gpus: int, to_partition: str,
+                    from_partition: str) -> str | None:
+    """Why a running job of ``gpus`` GPUs moving from ``from_partition`` to ``to_partition`` would
+    pass one of its group's limits per capacity class or per GPU type (``quota set --class-gpus
+    / --type-gpus``); None when it fits. The job already counts where it runs, so a limit the
+    two pools share (the same class, the same GPU type) is not passed by the move."""
+    group = group_of_account(s, account)
+    if group is None:
+        return None
+    limits = quota_limits(s, group.id)
+    to, frm = settings.pool_of(to_partition), settings.pool_of(from_partition)
+    if not limits or to is None:
+        return None
+    wanted = []
+    if frm is None or frm.capacity != to.capacity:
+        wanted.append(("class", to.capacity))
+    if to.gpu_type and (frm is None or frm.gpu_type != to.gpu_type):
+        wanted.append(("gpu", to.gpu_type))
+    in_use = in_flight(s, account).by(settings)
+    for key in wanted:
+        limit = limits.get(key)
+        if limit is not None and in_use.get(key, 0) + gpus > limit:
+            name = "on-demand" if key == ("class", "ondemand") else key[1]
+            return (f"group {group.name}'s quota is {limit} {name} GPUs at once, {in_use.get(key, 0)} are "
+                    f"queued or running there and this job needs {gpus}")
+    return None
+
+
 def ondemand_quota_full(s: Session, account: str, gpus: int) -> str | None:
     """Why ``gpus`` more GPUs on on-demand would pass the on-demand quota of the
     account's group (a job moving there from spot); None when they fit."""

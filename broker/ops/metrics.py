@@ -118,7 +118,7 @@ class BrokerCollector(Collector):
         yield self._event_counter(s, "gbroker_reclaims_total", "Spot reclaims and preemptions of jobs' runs",
                                   RECLAIM_KINDS)
         yield self._event_counter(s, "gbroker_moves_total", "Jobs moved by gbroker (to on-demand for a deadline, "
-                                  "or onto capacity already paid for)", MOVE_KINDS)
+                                  "onto capacity already paid for, or from on-demand back to spot)", MOVE_KINDS)
 
         lost = CounterMetricFamily("gbroker_lost_gpu_seconds_total",
                                    "GPU time charged as lost (work since the last checkpoint when a run was "

@@ -90,6 +90,17 @@ def wait_owned_full(d: BrokerDaemon, cluster: Any, jobs: list[dict[str, Any]]) -
     cluster.wait_for(lambda: pool_row(d, "owned")["free_gpus"] == 0, 30, what="the owned pool to show no free GPUs")
 
 
+def charged_in(d: BrokerDaemon, cluster: Any, *pools: str) -> None:
+    """The semester's report by pool shows GPU time charged in each of ``pools`` (waits for the ledger)."""
+    def rows() -> dict[str, Any] | None:
+        rep = ok(d.cli("report", "--semester", SEMESTER, "--by", "pool", "--json", user="root")).json()
+        found = {r["key"]: r for r in rep["rows"]}
+        return found if set(pools) <= set(found) else None
+
+    found = cluster.wait_for(rows, 60, what=f"charges in {', '.join(pools)}")
+    assert all(found[p]["gpu_seconds"] > 0 for p in pools), found
+
+
 def test_a_job_no_pool_can_hold_is_refused_with_each_pools_reason_and_nothing_is_stored(lab):
     r = lab.cli("submit", "--group", "vision", "--gpu-mem-gb", "100", "--time", "10m", "--", "true")
     assert r.code != 0
@@ -183,15 +194,52 @@ def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_b
     result = json.loads(out.read_text())
     assert result["step"] == 20 and result["attempts"][1]["from_step"] > 0, result  # resumed, not restarted
     # The ledger charges each run to its own pool.
-    def both_pools() -> dict[str, Any] | None:
-        rep = ok(d.cli("report", "--semester", SEMESTER, "--by", "pool", "--json", user="root")).json()
-        rows = {r["key"]: r for r in rep["rows"]}
-        return rows if {"spot-a", "spot-b"} <= set(rows) else None
-
-    rows = slurm_cluster.wait_for(both_pools, 60, what="charges in both spot pools")
-    assert rows["spot-a"]["gpu_seconds"] > 0 and rows["spot-b"]["gpu_seconds"] > 0, rows
+    charged_in(d, slurm_cluster, "spot-a", "spot-b")
     for b in blockers:
         ok(d.cli("cancel", str(b["id"])))
+
+
+def test_a_job_sent_to_ondemand_by_an_outage_goes_back_to_spot_when_spot_returns(lab, slurm_cluster):
+    """An A100 job (spot-b or on-demand) while zone b is out: with a deadline whose slack is under
+    12 % of its work it goes to on-demand. Zone b comes back: at the next ticks the policy's rule
+    for a job on on-demand (as the simulator asks it) says leave, and the daemon requeues the job
+    onto zone b. The program saves when the requeue signals it and goes on from there; the
+    ledger charges each run to its own pool."""
+    d = lab
+    admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
+    today = datetime.now(UTC).date()
+    admin("semester", "add", SEMESTER, "--start", str(today - timedelta(days=1)),
+          "--end", str(today + timedelta(days=30)))
+    admin("group", "add", "vision", "--member", "alice")
+    zone_b = "spotb1,spotb2"
+    slurm_cluster.run(["scontrol", "update", f"nodename={zone_b}", "state=drain", "reason=outage"])
+    slurm_cluster.wait_for(lambda: pool_row(d, "spot-b")["spot_available"] == 0, 30,
+                           what="the census to see zone b out")
+    base = user_dir(public_dir("gbroker-back-"), "alice")
+    ck, out = base / "ck", base / "result.json"
+    # Work (the time limit) 60 min, 67 min to the deadline: 6 min of slack past the changeover,
+    # under 12 % of the work, and enough for a round trip to spot (2 changeovers of 1 min).
+    deadline = (datetime.now(UTC) + timedelta(minutes=67)).isoformat(timespec="seconds")
+    job = submit(d, "--kind", "finetune", "--gpus", "4", "--gpu", "a100", "--time", "60m", "--deadline", deadline,
+                 "--checkpoint-dir", str(ck), "--checkpoint-style", "signal", "--name", "back", "--",
+                 "python3", str(SRC / "examples" / "finetune.py"), "--steps", "90", "--step-seconds", "1",
+                 "--every", "30", "--out", str(out))
+    assert (job["partition"], job["capacity"]) == ("ondemand", "ondemand"), job
+    d.wait_job(job["id"], lambda j: j["state"] == "running", timeout=180)
+    time.sleep(5)  # some work on on-demand to keep
+    assert len(d.show(job["id"])["attempts"]) == 1  # zone b still out: it stays
+    slurm_cluster.run(["scontrol", "update", f"nodename={zone_b}", "state=resume"])
+    moved = d.wait_job(job["id"], lambda j: len(j["attempts"]) == 2, timeout=90)
+    assert moved["attempts"][0]["state"] == "moved" and moved["attempts"][1]["partition"] == "spotb", moved
+    said = [e["message"] for e in moved["events"] if e["kind"] == "fallback"]
+    assert len(said) == 1 and "requeued to spotb back to spot" in said[0] and "spot-b" in said[0], said
+    done = d.wait_job(job["id"], lambda j: j["state"] == "completed", timeout=300)
+    assert [(a["partition"], a["state"]) for a in done["attempts"]] == [("ondemand", "moved"), ("spotb", "completed")]
+    assert done["attempts"][1]["nodes"].startswith("spotb") and done["reclaims"] == 0, done
+    assert done["attempts"][1]["ended_at"] <= deadline.replace("+00:00", "Z"), (done, deadline)
+    result = json.loads(out.read_text())
+    assert result["step"] == 90 and result["attempts"][1]["from_step"] > 0, result  # resumed, not restarted
+    charged_in(d, slurm_cluster, "ondemand", "spot-b")
 
 
 CHEAP_A = "0.024"

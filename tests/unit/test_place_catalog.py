@@ -109,3 +109,82 @@ def test_two_legacy_pools_place_as_the_single_pool_policy_does() -> None:
                 want = {Capacity.SPOT: (0, Capacity.SPOT), Capacity.NONE: (0, Capacity.NONE),
                         Capacity.ONDEMAND: (1, Capacity.ONDEMAND)}[single.capacity]
                 assert (choice.pool, choice.capacity) == want, (name, job, spot, single, choice)
+
+
+def _on_ondemand(**kw: object) -> JobView:
+    """A checkpointing deadline job running on on-demand (catalog pool 1) with slack to spare."""
+    base: dict[str, object] = dict(current=Capacity.ONDEMAND, pool=1, work_s=8 * 3600, done_s=3600, safe_done_s=3600,
+                                   elapsed_s=3600, deadline_s=12 * 3600, changeover_s=120)
+    base.update(kw)
+    return JobView(**base)  # type: ignore[arg-type]
+
+
+def _spot(name: str, price: int, **market: object) -> PoolView:
+    m: dict[str, object] = dict(spot_available=4, spot_price_micros=price, spot_up_s=3600, spot_down_s=0)
+    m.update(market)
+    return PoolView(name, Capacity.SPOT, price, market=MarketView(**m))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", [*POLICIES, "simple", "ondemand"])
+def test_a_job_on_ondemand_goes_back_to_spot_exactly_when_the_policys_own_rule_says_so(name: str) -> None:
+    """The daemon asks a running job what the simulator asks at every step (``place_pools`` with the
+    spot pools' markets): a move back to spot whenever that answer is spot, and only then."""
+    policy = from_name(name)
+    markets = [dict(spot_up_s=3600), dict(spot_up_s=30), dict(spot_available=0, spot_up_s=0, spot_down_s=600)]
+    jobs = [_on_ondemand(), _on_ondemand(deadline_s=9 * 3600 + 600), _on_ondemand(deadline_s=None),
+            _on_ondemand(reclaims=5), _on_ondemand(done_s=7 * 3600, safe_done_s=7 * 3600)]
+    answers = set()
+    for job in jobs:
+        for m in markets:
+            spot = _spot("spot-a", 350_000, **m)
+            choice = policy.place_catalog(job, [spot, OD])
+            asked = policy.place_pools(JobView(**{**job.__dict__, "pool": None}),
+                                       [MarketView(**{**spot.market.__dict__, "ondemand_price_micros": OD.price_micros})])
+            want = (0, Capacity.SPOT) if asked.capacity is Capacity.SPOT else (1, Capacity.ONDEMAND)
+            assert (choice.pool, choice.capacity) == want, (name, job, m, asked, choice)
+            answers.add(choice.capacity)
+    if name == "ondemand":
+        assert answers == {Capacity.ONDEMAND}
+    elif name == "simple":  # on-demand for good after its reclaim limit
+        assert policy.place_catalog(_on_ondemand(reclaims=5), [_spot("spot-a", 350_000), OD]).pool == 1
+    elif name == "gbroker":
+        assert answers == {Capacity.SPOT, Capacity.ONDEMAND}
+
+
+def test_a_job_on_ondemand_stays_where_moving_back_to_spot_would_not_pay_or_is_not_allowed() -> None:
+    policy = from_name("gbroker")
+    up = _spot("spot-a", 350_000)
+    assert policy.place_catalog(_on_ondemand(), [up, OD]).capacity is Capacity.SPOT
+    stays = {
+        "not interruptible": (_on_ondemand(interruptible=False), [up, OD]),
+        "cannot checkpoint": (_on_ondemand(checkpointable=False), [up, OD]),
+        "unsaved work past a changeover": (_on_ondemand(safe_done_s=3600 - 121), [up, OD]),
+        "spot never observed": (_on_ondemand(), [_spot("spot-a", 350_000, spot_up_s=None, spot_down_s=None), OD]),
+        "spot dearer than on-demand": (_on_ondemand(), [_spot("spot-a", 4_000_000), OD]),
+        "no room for the gang": (_on_ondemand(), [PoolView("spot-a", Capacity.SPOT, 350_000, room=False,
+                                                           market=up.market), OD]),
+        "slack under a changeover there and back": (_on_ondemand(deadline_s=3600 + 7 * 3600 + 239), [up, OD]),
+    }
+    for why, (job, pools) in stays.items():
+        choice = policy.place_catalog(job, pools)
+        assert (choice.pool, choice.capacity) == (1, Capacity.ONDEMAND), (why, choice)
+    # Unsaved work of exactly one changeover, and slack for exactly the round trip: it goes.
+    assert policy.place_catalog(_on_ondemand(safe_done_s=3600 - 120), [up, OD]).capacity is Capacity.SPOT
+    edge = _on_ondemand(deadline_s=3600 + 7 * 3600 + 240 + up.market.step_s)
+    assert policy.place_catalog(edge, [up, OD]).capacity is Capacity.SPOT
+
+
+def test_over_several_spot_pools_a_job_leaves_ondemand_for_the_oldest_window_once_it_is_proven() -> None:
+    """gbroker's multi-pool rule, as in the simulator: where most observed windows are shorter than
+    3 changeovers, a job on on-demand leaves only for a window that has lasted that long, and for the
+    pool whose window is oldest (here the dearer one, catalog pool 2, behind the on-demand pool 1)."""
+    policy = from_name("gbroker")
+    short = dict(spot_windows_s=(60,) * 10 + (7200,) * 2, spot_uptime_fraction=0.5, lookback_s=86_400,
+                 spot_reclaim_rate_per_hour=0.5)
+    job = _on_ondemand(deadline_s=30 * 3600)
+    young = [_spot("spot-a", 350_000, spot_up_s=100, **short), OD, _spot("spot-b", 500_000, spot_up_s=200, **short)]
+    assert policy.place_catalog(job, young).capacity is Capacity.ONDEMAND
+    proven = [_spot("spot-a", 350_000, spot_up_s=100, **short), OD, _spot("spot-b", 500_000, spot_up_s=360, **short)]
+    choice = policy.place_catalog(job, proven)
+    assert (choice.pool, choice.capacity) == (2, Capacity.SPOT), choice
+    assert "back to spot in spot-b" in choice.reason
