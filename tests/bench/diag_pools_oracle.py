@@ -288,13 +288,21 @@ class Oracle:
     wait while the slack is above 12 % of the work, else on-demand; from
     on-demand only for a window that will last ``xo`` changeovers; the rest is
     ``base``'s. With ``sigma`` > 0 it sees each window's length through
-    ``seen_length`` (``--noise``)."""
+    ``seen_length`` (``--noise``).
+
+    ``use`` says where the forecast goes: ``"both"`` (the oracle above);
+    ``"speed"``, the base policy's rule everywhere, but a job on on-demand
+    also leaves at once for a window forecast to last ``xo`` changeovers (the
+    forecast can only shorten the proof); ``"veto"``, the base policy's rule
+    everywhere, but a job on on-demand does not leave for a window forecast to
+    end sooner (the forecast can only stop a move)."""
 
     name = "oracle"
 
-    def __init__(self, base, feeds, off: int, x: float, xo: float, sigma: float = 0.0, seed: int = 0):  # type: ignore[no-untyped-def]
+    def __init__(self, base, feeds, off: int, x: float, xo: float, sigma: float = 0.0, seed: int = 0,  # type: ignore[no-untyped-def]
+                 use: str = "both"):
         self.base, self.feeds, self.off = base, feeds, off
-        self.x, self.xo, self.sigma, self.seed = x, xo, sigma, seed
+        self.x, self.xo, self.sigma, self.seed, self.use = x, xo, sigma, seed, use
 
     def left(self, k: int, i: int) -> float:
         """Seconds the window of pool ``k`` at step ``i`` has left, as seen."""
@@ -308,6 +316,19 @@ class Oracle:
         up = [k for k, m in enumerate(markets) if m.spot_available >= job.nodes]
         if (job.current is Capacity.SPOT and job.pool in up) or not up:
             return self.base.place_pools(job, markets)
+        if self.use != "both":
+            pl = self.base.place_pools(job, markets)
+            if job.current is not Capacity.ONDEMAND:
+                return pl
+            if self.use == "veto" and pl.capacity is Capacity.SPOT and pl.pool is not None \
+                    and self.left(pl.pool, i) < self.xo * job.changeover_s:
+                return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
+            if self.use == "speed" and pl.capacity is Capacity.ONDEMAND \
+                    and safety_form(job, markets[0], 2)[0] >= 0:
+                k = max(up, key=lambda j: self.left(j, i))
+                if self.left(k, i) >= self.xo * job.changeover_s:
+                    return PoolPlacement(Capacity.SPOT, k, "", 1)
+            return pl
         if safety_form(job, markets[0], 1)[0] < 0:
             return PoolPlacement(Capacity.ONDEMAND, None, "", 1)
         lefts = {k: self.left(k, i) for k in up}
@@ -350,10 +371,11 @@ def noise_auc(sigma: float, seed: int, d: int = 720, stride_s: int = 120) -> flo
 
 
 def noisy_oracle(sigmas: list[float], half: str, ratios: list[float], starts: int, seed: int, base_name: str,
-                 x: float, xo: float) -> None:
+                 x: float, xo: float, use: str = "both") -> None:
     """``--noise``: the oracle's gap per setting for each error ``sigma``, beside the base policy and the target."""
     base = policy_of(base_name)
     aucs = [noise_auc(s, seed) for s in sigmas]
+    print(f"forecast used for: {use}")
     print("| pool set | N | W/D | half | target | policy gap | " + " | ".join(f"oracle, sigma {s:g}" for s in sigmas) + " |")
     print("|" + "---|" * (6 + len(sigmas)))
     meeting = [0] * len(sigmas)
@@ -371,7 +393,7 @@ def noisy_oracle(sigmas: list[float], half: str, ratios: list[float], starts: in
             for off in w.offsets:
                 smp = w.run(off)
                 for n, sg in enumerate(sigmas):
-                    o = run_pools(Oracle(base, w.feeds, off, x, xo, sg, seed), job, w.feeds, off,  # type: ignore[arg-type]
+                    o = run_pools(Oracle(base, w.feeds, off, x, xo, sg, seed, use), job, w.feeds, off,  # type: ignore[arg-type]
                                   s.spot_micros, s.ondemand_micros, w.horizon, use_hints=False)
                     assert o.met
                     gaps[n].append(o.cost_us / smp.optimum_us - 1)
@@ -468,6 +490,9 @@ def main() -> None:
     ap.add_argument("--noise", metavar="S1,S2,...",
                     help="run the oracle with each window's length seen through a log-normal error of these sigmas, "
                          "print the gaps and the AUC of such a predictor, and stop")
+    ap.add_argument("--noise-use", choices=("both", "speed", "veto"), default="both",
+                    help="with --noise: where the forecast goes (both choices, as the oracle; or only to "
+                         "shorten, or only to stop, the base policy's moves off on-demand)")
     ap.add_argument("--decompose", action="store_true",
                     help="print where the policy's gap goes against the optimum's hours, per setting, and stop")
     a = ap.parse_args()
@@ -485,7 +510,7 @@ def main() -> None:
         return
     if a.noise is not None:
         noisy_oracle([float(x) for x in a.noise.split(",")], a.half, [float(x) for x in a.ratios.split(",")],
-                     a.starts, a.seed, a.base, a.x, a.xo)
+                     a.starts, a.seed, a.base, a.x, a.xo, a.noise_use)
         return
     base = policy_of(a.base)
     print("| pool set | N | W/D | half | UP-best gap | target | policy gap | oracle gap | oracle meets the target |")
