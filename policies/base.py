@@ -402,9 +402,12 @@ class Policy(ABC):
         """A job on on-demand that may be interrupted: leave for spot when the policy's rule for a
         job on on-demand says so, asked as the simulator asks it (``place_pools``, one market per
         spot pool that is observed and cheaper per unit of work than the pool it runs on; a pool
-        without room for the gang shows no spot). The spot pool it names, or None to stay. The caller has checked that
-        the move loses at most one changeover of unsaved work (the policy's arithmetic counts
-        the changeover only)."""
+        without room for the gang shows no spot). The spot pool it names, or None to stay.
+
+        Never a move whose slack does not pay for the changeover to spot and, after a reclaim,
+        the one back: that round trip would be lost for certain. The caller has checked that the
+        move loses at most one changeover of unsaved work (the policy's arithmetic counts the
+        changeover only)."""
         spots = [k for k, p in enumerate(pools)
                  if p.capacity is Capacity.SPOT and p.cost_micros < pools[here].cost_micros
                  and p.market.spot_up_s is not None]  # spot seen, not the prior of a market never observed

@@ -90,6 +90,15 @@ def wait_owned_full(d: BrokerDaemon, cluster: Any, jobs: list[dict[str, Any]]) -
     cluster.wait_for(lambda: pool_row(d, "owned")["free_gpus"] == 0, 30, what="the owned pool to show no free GPUs")
 
 
+def semester_and_group(d: BrokerDaemon) -> None:
+    """A semester around today (for the report by pool) and alice in group vision."""
+    admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
+    today = datetime.now(UTC).date()
+    admin("semester", "add", SEMESTER, "--start", str(today - timedelta(days=1)),
+          "--end", str(today + timedelta(days=30)))
+    admin("group", "add", "vision", "--member", "alice")
+
+
 def charged_in(d: BrokerDaemon, cluster: Any, *pools: str) -> None:
     """The semester's report by pool shows GPU time charged in each of ``pools`` (waits for the ledger)."""
     def rows() -> dict[str, Any] | None:
@@ -159,11 +168,7 @@ def test_owned_first_then_spot_memory_picks_the_type_and_strict_jobs_wait_or_go_
 
 def test_a_spot_job_reclaimed_in_zone_a_resumes_in_zone_b_and_its_ledger_shows_both(lab, slurm_cluster):
     d = lab
-    admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
-    today = datetime.now(UTC).date()
-    admin("semester", "add", SEMESTER, "--start", str(today - timedelta(days=1)),
-          "--end", str(today + timedelta(days=30)))
-    admin("group", "add", "vision", "--member", "alice")
+    semester_and_group(d)
     # Owned capacity busy, so the job goes to spot.
     blockers = [submit(d, "--gpus", "4", "--time", "20m", "--", "sleep", "600") for _ in range(2)]
     assert all(b["partition"] == "owned" for b in blockers)
@@ -206,11 +211,7 @@ def test_a_job_sent_to_ondemand_by_an_outage_goes_back_to_spot_when_spot_returns
     onto zone b. The program saves when the requeue signals it and goes on from there; the
     ledger charges each run to its own pool."""
     d = lab
-    admin = lambda *a: ok(d.cli(*a, user="root"))  # noqa: E731
-    today = datetime.now(UTC).date()
-    admin("semester", "add", SEMESTER, "--start", str(today - timedelta(days=1)),
-          "--end", str(today + timedelta(days=30)))
-    admin("group", "add", "vision", "--member", "alice")
+    semester_and_group(d)
     zone_b = "spotb1,spotb2"
     slurm_cluster.run(["scontrol", "update", f"nodename={zone_b}", "state=drain", "reason=outage"])
     slurm_cluster.wait_for(lambda: pool_row(d, "spot-b")["spot_available"] == 0, 30,
