@@ -15,6 +15,17 @@ child=0
 interrupted=0
 warned=0
 early=""
+# To the program's process group. Just after the start, setsid may not have made it yet (it
+# runs in the child), and a signal sent to the child then can land before the child has
+# dropped the script's traps, and be lost: wait for the group, up to a second.
+send() {
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        kill -s "$1" -- "-$child" 2>/dev/null && return 0
+        kill -0 "$child" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -s "$1" "$child" 2>/dev/null || true
+}
 forward() {
     interrupted=1
     if [ "$1" = "${GBROKER_WARNING_SIGNAL:-}" ]; then
@@ -22,7 +33,7 @@ forward() {
     fi
     if [ "$child" -ne 0 ]; then
         note "SIG$1 ($2) sent to the job"
-        kill -s "$1" -- "-$child" 2>/dev/null || kill -s "$1" "$child" 2>/dev/null || true
+        send "$1"
     else
         # Between starting the program and learning its pid: sent just after.
         early="$1 $2"
