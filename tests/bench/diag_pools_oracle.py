@@ -80,6 +80,18 @@ from broker.sim.feed import SpotFeed  # noqa: E402
 from policies.base import Capacity, MarketView, PoolPlacement  # noqa: E402
 from policies.rules import safety_form, share, slack_share_form  # noqa: E402
 
+def rank_auc(x, y) -> float:  # type: ignore[no-untyped-def]
+    """The chance that a case with ``y`` true is scored above one with ``y`` false (ties count half):
+    the rank-sum AUC of scores ``x`` for labels ``y``."""
+    import numpy as np
+
+    x, y = np.asarray(x), np.asarray(y, dtype=bool)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    r = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # ranks, ties averaged
+    n1 = y.sum()
+    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
+
+
 def window_predictors(d: int = 720) -> None:
     """The share of windows of age a that last 3 d more, by the previous window and outage."""
     print("| pool set | N | half | age | windows | last 3 d more | prev. window long / short | prev. outage long / short |")
@@ -174,12 +186,6 @@ def window_samples(half: str, d: int = 720, stride_s: int = 120) -> list[tuple[s
 def fit_window_model() -> None:
     import numpy as np
 
-    def auc(p: np.ndarray, y: np.ndarray) -> float:
-        _, inv, counts = np.unique(p, return_inverse=True, return_counts=True)
-        r = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # ranks, ties averaged
-        n1 = y.sum()
-        return float((r[y == 1].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
-
     data = {h: window_samples(h) for h in ("A", "B")}
     X = np.array([x for _, x, _ in data["A"]])
     y = np.array([float(v) for _, _, v in data["A"]])
@@ -205,8 +211,8 @@ def fit_window_model() -> None:
             xs = np.array([x for _, x, _ in sel])
             ys = np.array([float(v) for _, _, v in sel])
             ps = np.array([1 / (1 + np.exp(-(model[0] + float(x @ b)))) for x in xs])
-            one = " | ".join(f"{auc(xs[:, f], ys):.2f}" for f in range(xs.shape[1]))
-            print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {auc(ps, ys):.3f} | {one} |")
+            one = " | ".join(f"{rank_auc(xs[:, f], ys):.2f}" for f in range(xs.shape[1]))
+            print(f"| {h} | {s} | {len(sel)} | {ys.mean():.2f} | {rank_auc(ps, ys):.3f} | {one} |")
 
 
 LAGS_H = (6, 12, 17, 24, 48, 168)
@@ -223,12 +229,6 @@ def lag_predictors(d: int = 720, stride_s: int = 120) -> None:
     all of it in the past for every lag here. A daily cycle of the market would
     show as an AUC well above 0.5 at 24 and 48 h and not at 17 h."""
     import numpy as np
-
-    def auc(x: np.ndarray, y: np.ndarray) -> float:
-        _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
-        r = (np.cumsum(counts) - (counts - 1) / 2)[inv]
-        n1 = y.sum()
-        return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
 
     print("| pool set | N | half | trace days | " + " | ".join(f"{h} h" for h in LAGS_H) + " |")
     print("|" + "---|" * (4 + len(LAGS_H)))
@@ -258,7 +258,7 @@ def lag_predictors(d: int = 720, stride_s: int = 120) -> None:
                     xs.append(float(done[j + span] - done[j]) / span)
                     ys.append(run[i] * g >= 3 * d)
             x, y = np.array(xs), np.array(ys)
-            cells.append(f"{auc(x, y):.2f} ({len(x)})" if 0 < y.sum() < len(y) else "-")
+            cells.append(f"{rank_auc(x, y):.2f} ({len(x)})" if 0 < y.sum() < len(y) else "-")
         print(f"| {label} | {nodes} | {half_of(label)} | {n * g / 86400:.1f} | " + " | ".join(cells) + " |")
 
 
@@ -347,7 +347,6 @@ class Oracle:
 def noise_auc(sigma: float, seed: int, d: int = 720, stride_s: int = 120) -> float:
     """AUC of the seen remaining length as a predictor of "lasts 3 d more", sampled as ``window_samples``
     (every ``stride_s`` where a pool has spot younger than 3 d and the window's end is in the trace), all pool sets."""
-    import numpy as np
 
     xs: list[float] = []
     ys: list[bool] = []
@@ -363,11 +362,7 @@ def noise_auc(sigma: float, seed: int, d: int = 720, stride_s: int = 120) -> flo
                     continue
                 xs.append(seen_length(sigma, seed, k, lo, (hi - lo) * g) - (i - lo) * g)
                 ys.append((hi - i) * g >= 3 * d)
-    x, y = np.array(xs), np.array(ys)
-    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
-    r = (np.cumsum(counts) - (counts - 1) / 2)[inv]
-    n1 = y.sum()
-    return float((r[y].sum() - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1)))
+    return rank_auc(xs, ys)
 
 
 def noisy_oracle(sigmas: list[float], half: str, ratios: list[float], starts: int, seed: int, base_name: str,
