@@ -87,6 +87,8 @@ class WebSettings:
     proxy_secret_file: str = ""
     """A file only root can read holding the secret the proxy sends in ``X-Gbroker-Proxy-Secret``;
     read by the daemon at start. Required with ``trust_proxy_header``."""
+    max_tokens_per_user: int = 20
+    """Live dashboard tokens one user may hold; ``gbroker token`` refuses past it (revoke one first)."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,11 @@ def parse_web(value: Any, source: str) -> WebSettings:
     where = f"{source}: [web]"
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a table", hint='e.g. [web] trust_proxy_header = "X-Forwarded-User"')
-    _unknown(value, ("trust_proxy_header", "proxy_secret_file"), where)
+    _unknown(value, ("trust_proxy_header", "proxy_secret_file", "max_tokens_per_user"), where)
+    cap = value.get("max_tokens_per_user", WebSettings.max_tokens_per_user)
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 1000:
+        raise ConfigError(f"{where}: max_tokens_per_user = {str(cap)[:40]!r} is not a whole number from 1 to 1000",
+                          hint="e.g. max_tokens_per_user = 20 (the default)")
     header = _string(value.get("trust_proxy_header", ""), f"{where} trust_proxy_header")
     secret = _string(value.get("proxy_secret_file", ""), f"{where} proxy_secret_file")
     if header and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
@@ -204,7 +210,7 @@ def parse_web(value: Any, source: str) -> WebSettings:
     if secret and not secret.startswith("/"):
         raise ConfigError(f"{where}: proxy_secret_file = {secret!r} is not an absolute path",
                           hint='e.g. proxy_secret_file = "/etc/gbroker/proxy-secret"')
-    return WebSettings(trust_proxy_header=header, proxy_secret_file=secret)
+    return WebSettings(trust_proxy_header=header, proxy_secret_file=secret, max_tokens_per_user=cap)
 
 
 def parse_notify(value: Any, source: str) -> NotifySettings:

@@ -4,8 +4,9 @@ A page is read through the socket's own handlers (``ops``, the table
 ``broker/wiring.py`` builds) with the signed-in user's ``Caller``, so a
 browser sees exactly what that user's CLI sees: their own jobs (an admin:
 everyone's), the groups they belong to, the nodes. Nothing here writes but
-the sign-in note on the token row. Every query key is checked: an unknown
-one, or a filter a user may not use, is refused with what to do.
+signing in and out (a session row, the sign-in note on the token row).
+Every query key is checked: an unknown one, or a filter a user may not
+use, is refused with what to do.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def _query(raw: str, allowed: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _page_number(query: str) -> int:
+    """``?page=N`` (1 when absent): a whole number, else a refusal saying so."""
+    raw = _query(query, ("page",)).get("page", "1")
+    if not raw.isdigit() or len(raw) > 9 or int(raw) < 1:
+        raise BadRequest(f"page = {raw[:20]!r}: give a whole number from 1", hint="e.g. /admin/tokens?page=2")
+    return int(raw)
+
+
 def read_proxy_secret(path: str) -> bytes:
     """The secret in ``[web] proxy_secret_file``, a path the admin chose: a regular file
     owned by the daemon's user and readable by it alone, of ``MIN_SECRET`` characters or
@@ -148,10 +157,10 @@ class Dashboard:
         proxied = self._proxy_caller(headers)
         if proxied is not None:
             return proxied
-        token = auth.cookie_token(headers.get("Cookie"))
-        if token is None:
+        session_id = auth.cookie_token(headers.get("Cookie"))
+        if session_id is None:
             return None
-        verdict = auth.verify(self.svc, token, self.svc.clock.now())
+        verdict = auth.verify_session(self.svc, session_id, self.svc.clock.now())
         return None if verdict.uid is None else self.caller_of(verdict.uid)
 
     # -- requests ------------------------------------------------------------------------------
@@ -177,7 +186,7 @@ class Dashboard:
             return _html(403, pages.error_page("Refused", "this form was sent from another site",
                                                 "open the dashboard itself and sign in there"))
         if path == "/logout":
-            return _redirect("/login", **{"Set-Cookie": auth.clear_cookie_header()})
+            return self._sign_out(headers)
         if path != "/login":
             return _html(405, pages.error_page("Read-only", "the dashboard only shows; nothing here changes"))
         if len(body) > MAX_FORM:
@@ -186,16 +195,22 @@ class Dashboard:
         extra = sorted(set(form) - {"token"})
         if extra:
             return _html(400, pages.login_page(f"unknown form field {extra[0][:40]!r}: the form takes a token"))
-        token = form.get("token", "").strip()
         now = self.svc.clock.now()
-        verdict = auth.verify(self.svc, token, now)
-        if verdict.uid is None or verdict.expires_at is None:
+        done = auth.sign_in(self.svc, form.get("token", ""), now)
+        verdict = done.verdict
+        if verdict.uid is None or verdict.expires_at is None or not done.session_id:
             log.info("dashboard sign-in refused: %s", verdict.why)
             return _html(401, pages.login_page(verdict.why))
-        auth.mark_used(self.svc, token, now)
         secure = headers.get("X-Forwarded-Proto", "").lower() == "https"
         max_age = int((verdict.expires_at - now) / timedelta(seconds=1))
-        return _redirect("/jobs", **{"Set-Cookie": auth.cookie_header(token, max_age, secure)})
+        return _redirect("/jobs", **{"Set-Cookie": auth.cookie_header(done.session_id, max_age, secure)})
+
+    def _sign_out(self, headers: Mapping[str, str]) -> Response:
+        """End the browser's session on the server (a copy of its cookie opens nothing after), then clear it."""
+        session_id = auth.cookie_token(headers.get("Cookie"))
+        if session_id is not None:
+            auth.sign_out(self.svc, session_id, self.svc.clock.now())
+        return _redirect("/login", **{"Set-Cookie": auth.clear_cookie_header()})
 
     @staticmethod
     def _same_origin(headers: Mapping[str, str]) -> bool:
@@ -231,10 +246,8 @@ class Dashboard:
         if path == "/nodes":
             return _html(200, self.nodes(caller, _query(query, ("days",))))
         if path == "/admin/tokens":
-            _query(query, ())
             caller.require_admin("the sign-in tokens page")
-            tokens = auth.list_tokens(self.svc, caller, all_users=True)
-            return _html(200, pages.tokens_page(tokens, caller.name))
+            return _html(200, pages.tokens_page(auth.token_page(self.svc, caller, _page_number(query)), caller.name))
         raise NotFound(f"no page {path[:80]!r}", hint="see /jobs, /spend or /nodes")
 
     # -- pages ---------------------------------------------------------------------------------

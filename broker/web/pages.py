@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from broker.durations import format_duration
+from broker.web.auth import TokenPage
 from broker.web.charts import burndown_svg, esc, node_bars_svg
 
 STYLE = """
@@ -52,7 +53,8 @@ def login_page(message: str = "") -> str:
     err = f'<div class="error"><p class="msg">{esc(message)}</p></div>' if message else ""
     body = (f"{err}<p>Run <code>gbroker token</code> on a machine that reaches the daemon and paste the token "
             "here. It is bound to your user; it expires (12 h unless <code>--ttl</code> says otherwise) and "
-            "<code>gbroker token --revoke ID</code> ends it.</p>"
+            "<code>gbroker token --revoke ID</code> ends it. Signing out ends this browser's session "
+            "(the token stays valid for your other sign-ins).</p>"
             '<form method="post" action="/login"><label>Token <input name="token" type="password" size="50" '
             'autocomplete="off" autofocus required></label> <button type="submit">Sign in</button></form>')
     return page("Sign in", body)
@@ -173,11 +175,26 @@ def nodes_page(pools: list[dict[str, Any]], partitions: list[dict[str, Any]], no
     return page("Pools and nodes", body, user, admin, "/nodes")
 
 
-def tokens_page(tokens: list[dict[str, Any]], user: str) -> str:
-    rows = [[str(t["id"]), esc(t["user"]), esc(t["note"]), esc(t["status"]), _opt(t["created_at"]),
-             _opt(t["expires_at"]), _opt(t["last_used_at"]), esc(t["revoked_by"])] for t in tokens]
-    body = ("<p>Every user's sign-in tokens (only their hashes are stored). Revoke one with "
-            "<code>gbroker token --revoke ID</code>.</p>"
-            + table(["id", "user", "note", "status", "created", "expires", "last sign-in", "revoked by"], rows))
-    return page("Sign-in tokens", body, user, True, "/admin/tokens")
+def _pager(at: int, pages: int, path: str) -> str:
+    """Previous and next links for a page of ``pages`` (none needed for one)."""
+    if pages <= 1:
+        return ""
+    links = []
+    if at > 1:
+        links.append(f'<a rel="prev" href="{path}?{urlencode({"page": at - 1})}">previous</a>')
+    links.append(f"page {at} of {pages}")
+    if at < pages:
+        links.append(f'<a rel="next" href="{path}?{urlencode({"page": at + 1})}">next</a>')
+    return '<p class="pager">' + " | ".join(links) + "</p>"
 
+
+def tokens_page(tp: TokenPage, user: str) -> str:
+    rows = [[str(t["id"]), esc(t["user"]), esc(t["note"]), esc(t["status"]), _opt(t["created_at"]),
+             _opt(t["expires_at"]), _opt(t["last_used_at"]), esc(t["revoked_by"])] for t in tp.rows]
+    pager = _pager(tp.page, tp.pages, "/admin/tokens")
+    body = (f"<p>Every user's sign-in tokens, newest first: {tp.total} in all (only their hashes are stored). "
+            "Revoke one with <code>gbroker token --revoke ID</code>; that also signs out every browser "
+            "signed in with it.</p>" + pager
+            + table(["id", "user", "note", "status", "created", "expires", "last sign-in", "revoked by"], rows)
+            + pager)
+    return page("Sign-in tokens", body, user, True, "/admin/tokens")

@@ -38,6 +38,8 @@ TABLES = {
     "array_batches", "array_pieces",
     # 0010: dashboard sign-in tokens
     "web_tokens",
+    # 0013: dashboard browser sessions
+    "web_sessions",
 }
 
 

@@ -113,7 +113,9 @@ def test_cookies_are_read_strictly() -> None:
     assert auth.cookie_token("other=1") is None and auth.cookie_token("") is None
     with pytest.raises(ValueError):
         auth.cookie_header("gbt_x; Domain=evil", 10, False)
-    assert auth.cookie_header("gbt_abc", 10, True).endswith("Max-Age=10; Secure")
+    with pytest.raises(ValueError):
+        auth.cookie_header("gbt_abc", 10, False)  # a cookie holds a session id, never the token
+    assert auth.cookie_header("gbs_abc", 10, True).endswith("Max-Age=10; Secure")
 
 
 # -- who sees what -----------------------------------------------------------------------------------
@@ -155,7 +157,9 @@ def test_signed_out_expired_and_revoked_browsers_are_sent_to_sign_in(world: Worl
     assert d.get("/jobs", alice).status == 303
 
     token = auth.mint(world.svc, ALICE, 3600)
-    cookie = {"Cookie": f"gbroker_session={token['token']}"}
+    assert d.get("/jobs", {"Cookie": f"gbroker_session={token['token']}"}).status == 303  # the token is no cookie
+    signed = d.post("/login", {}, f"token={token['token']}".encode())
+    cookie = {"Cookie": signed.headers["Set-Cookie"].split(";", 1)[0]}
     assert d.get("/jobs", cookie).status == 200
     auth.revoke(world.svc, ROOT, token["id"])
     assert d.get("/jobs", cookie).status == 303
