@@ -222,6 +222,14 @@ def test_a_real_browser_signs_in_opens_a_job_and_sees_the_burndown(lab: Lab) -> 
             page.click("a[href='/nodes']")
             page.wait_for_url(re.compile(r"/nodes$"))
             page.screenshot(path=str(shots / "4-nodes.png"), full_page=True)
+
+            # Signing out ends the session on the server: a copy of the cookie opens nothing after it.
+            assert http(port, "/jobs", f"gbroker_session={cookie['value']}")[0] == 200
+            page.click("header button[type=submit]")
+            page.wait_for_url(re.compile(r"/login$"))
+            assert not any(c["name"] == "gbroker_session" for c in page.context.cookies())
+            code, headers, _ = http(port, "/jobs", f"gbroker_session={cookie['value']}")
+            assert code == 303 and headers["Location"] == "/login"
         finally:
             browser.close()
     print(f"browser test: {time.monotonic() - t0:.1f}s; screenshots in {shots}")
