@@ -2,7 +2,10 @@
 
 The daemon mints it for the uid the kernel reports on the socket; the token
 is printed once (only its hash is kept). `--list` shows your tokens (an
-admin: `--all`), `--revoke ID` ends one (an admin: anyone's).
+admin: `--all`), `--revoke ID` ends one (an admin: anyone's) and signs out
+every browser signed in with it. One user holds at most `[web]
+max_tokens_per_user` live tokens (20 by default); past it the daemon refuses
+and says to revoke one.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.option("--note", default="", metavar="TEXT", help="A word to tell your tokens apart in --list.")
 @click.option("--list", "do_list", is_flag=True, help="List your tokens instead of making one.")
 @click.option("--all", "all_users", is_flag=True, help="With --list: every user's tokens (admins).")
-@click.option("--revoke", "revoke_id", type=WHOLE, metavar="ID", help="End the token ID (yours; an admin: anyone's).")
+@click.option("--revoke", "revoke_id", type=WHOLE, metavar="ID",
+              help="End the token ID and sign out every browser signed in with it (yours; an admin: anyone's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 def token(ctx: Context, ttl: str, note: str, do_list: bool, all_users: bool, revoke_id: int | None,
           as_json: bool) -> None:
     """Make a sign-in token for the web dashboard ([metrics] listen in the settings), list or revoke them.
 
-    Paste the token into the dashboard's sign-in page; it shows what your CLI shows you."""
+    Paste the token into the dashboard's sign-in page; it shows what your CLI shows you. You hold at
+    most [web] max_tokens_per_user live tokens (20 by default): revoke one you no longer use to make another."""
     source = click.get_current_context().get_parameter_source
     if sum([do_list, revoke_id is not None]) > 1:
         raise SpecError("give --list or --revoke, not both")
