@@ -1,5 +1,5 @@
-"""Dashboard sessions and the per-user token cap, on a real database: what the browser's cookie opens,
-when it stops, and how many rows one user can make."""
+"""Dashboard sessions and the per-user token cap, on real SQLite and PostgreSQL databases: what the
+browser's cookie opens, when it stops, and how many rows one user can make."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ ALICE, BOB, ROOT = USERS[1001], USERS[1002], USERS[0]
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    w = World(f"sqlite:///{tmp_path / 'gb.db'}")
+def world(db_url: str) -> World:
+    """A lab on each backend (the session and pruning queries are the database's)."""
+    w = World(db_url)
     setup_lab(w.svc)
     return w
 
