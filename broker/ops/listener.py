@@ -2,8 +2,8 @@
 
 Off unless ``[metrics] listen`` is set; loopback unless ``allow_remote``
 says otherwise (``broker.opsconfig``). It serves only what it computes: no
-path a request names is opened, nothing is written (but a sign-in's note on
-its token), and every other path or method is refused. The dashboard's
+path a request names is opened, nothing is written (but the dashboard's
+sessions: a sign-in's session row and note on its token, a sign-out's end), and every other path or method is refused. The dashboard's
 pages (``broker/web/``) are served when the daemon hands it one.
 """
 
