@@ -4,7 +4,8 @@
 errors, the lease); ``metrics`` turns it and the database into Prometheus
 families at scrape time; ``health`` decides /healthz and /readyz;
 ``listener`` serves the three on the opt-in TCP port; ``notify`` turns the
-event log into outbox rows and ``outbox`` delivers them; ``systemd`` speaks
+event log into outbox rows and ``outbox`` delivers them, their text written
+for each target's markup by ``markup``; ``systemd`` speaks
 sd_notify and journald's priority prefixes; ``reload`` applies a SIGHUP.
 
 May import (the layers below it, docs/ARCHITECTURE.md): the domains

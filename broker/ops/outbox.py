@@ -11,9 +11,13 @@ least once: a daemon killed between a send and its record sends that one
 message again after the restart; ``X-Gbroker-Delivery`` (the row id) lets a
 receiver drop the repeat.
 
-Webhook: POST of the JSON payload (Slack-compatible: it has ``text``), with
+Webhook: POST of the JSON payload (Slack-compatible: it has ``text``, written
+for Slack's and Mattermost's markup by ``broker.ops.markup``), with
 ``X-Gbroker-Signature: sha256=<hex HMAC-SHA256 of the body>`` when the target
-has a ``secret``. Email: ``/usr/sbin/sendmail -oi -- <recipients>`` (argv,
+has a ``secret``. Only a 2xx answer delivers a message: a redirect is never
+followed (the root daemon would otherwise send the message wherever the
+receiver points, another service on loopback included) and counts as a failed
+try, retried like any other. Email: ``/usr/sbin/sendmail -oi -- <recipients>`` (argv,
 no shell) as the target's user. Command: the admin's argv from the settings,
 as the target's user (the settings' ``hook_user``, ``nobody``, by default),
 the payload as JSON on stdin and as ``GBROKER_*`` variables.
@@ -34,6 +38,7 @@ from typing import Any
 from sqlalchemy import select
 
 from broker import proc
+from broker.ops import markup
 from broker.db.ops_models import OUTBOX_DEAD, OUTBOX_DELIVERED, OUTBOX_PENDING, OutboxMessage
 from broker.errors import BrokerError
 from broker.ops.notify import enqueue
@@ -135,15 +140,30 @@ def signature(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is a failed delivery: the request is never sent again to where it points."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        where = str(newurl)[:200]
+        fp.close()
+        raise DeliveryFailed(f"{req.full_url} answered {code} {msg}, a redirect to {where}; "
+                             "not followed (a webhook is delivered only by a 2xx answer)")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
 def post(t: Target, msg_id: int, payload: dict[str, Any], event: str, timeout: float) -> None:
-    body = json.dumps({**payload, "delivery": msg_id}, sort_keys=True).encode()
+    text = markup.for_chat(str(payload.get("text", "")))
+    body = json.dumps({**payload, "text": text, "delivery": msg_id}, sort_keys=True).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "gbroker", "X-Gbroker-Event": event,
                "X-Gbroker-Delivery": str(msg_id)}
     if t.secret:
         headers["X-Gbroker-Signature"] = signature(t.secret, body)
     req = urllib.request.Request(t.url, data=body, method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             resp.read(4096)
             if not 200 <= resp.status < 300:
                 raise DeliveryFailed(f"{t.url} answered {resp.status}")
@@ -168,8 +188,9 @@ def mail(t: Target, payload: dict[str, Any], run_as: str, timeout: float) -> Non
     msg = EmailMessage()
     msg["From"] = t.sender
     msg["To"] = ", ".join(to)
-    msg["Subject"] = str(payload.get("text", "gbroker"))[:200].replace("\n", " ")
-    msg.set_content(str(payload.get("text", "")) + "\n\n" + json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    msg["Subject"] = markup.header(str(payload.get("text", "gbroker")))
+    msg.set_content(markup.plain(str(payload.get("text", ""))) + "\n\n"
+                    + json.dumps(payload, indent=2, sort_keys=True) + "\n")
     _run([SENDMAIL, "-oi", "--", *to], msg.as_bytes(), {}, run_as, timeout, "sendmail")
 
 
