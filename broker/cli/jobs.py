@@ -482,52 +482,125 @@ def watch(ctx: Context, job_id: int, interval: float) -> None:
         time.sleep(max(0.2, interval))
 
 
+LOG_MAX_BYTES = 16 * 1024 * 1024
+"""What `gbroker logs` prints at most by default (--max-bytes 0: all of it)."""
+LOG_CHUNK = 1024 * 1024
+"""Bytes read at a time; a line longer than this is printed in pieces."""
+
+
 @cli.command()
 @click.argument("job_id", type=WHOLE)
 @click.option("--piece", type=WHOLE, help="An array's piece (its GBROKER_PIECE).")
 @click.option("--attempt", type=WHOLE, help="Only this attempt's output (the lines after its start line).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing what the job writes, across attempts, until it ends.")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between looks with --follow.")
+@click.option("--raw", is_flag=True,
+              help="Print the log's bytes as they are (by default control characters show escaped, ESC as \\x1b).")
+@click.option("--max-bytes", type=click.IntRange(min=0), default=LOG_MAX_BYTES, show_default=True, metavar="N",
+              help="Read at most N bytes of the log, then say what was left out (0: no limit).")
 @pass_ctx
-def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, follow: bool, interval: float) -> None:
-    """Print a job's output (read as you: the daemon only says where the log is)."""
-    import sys
+def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, follow: bool, interval: float,
+         raw: bool, max_bytes: int) -> None:
+    """Print a job's output, read as the job's owner (the daemon only says where the log is).
+
+    An admin running this as root reads another user's log as that user, and only
+    a regular file of theirs: a symlink, a FIFO or a device in its place is refused.
+    Control characters the job printed show escaped unless --raw.
+    """
     import time
 
-    from broker.client import attempt_lines
-
     client = client_of(ctx)
-    path = client.log_path(job_id, piece)
+    job = client.show(job_id)
+    path = _log_of(job, piece)
+    printer = _LogPrinter(attempt, raw)
+    fd: int | None = None
     offset = 0
-    shown = attempt is None
-    pending = ""
-    while True:
-        try:
-            with open(path, "rb") as fh:  # as you: this command runs with your rights, not the daemon's
-                fh.seek(offset)
-                data = fh.read()
-        except FileNotFoundError:
+    try:
+        while True:
+            if fd is None:
+                fd = _open_log(path, job)
+                if fd is None and not follow:
+                    click.echo(f"job {job_id}: no output yet ({path} does not exist)", err=True)
+                    return
             data = b""
+            if fd is not None:
+                want = LOG_CHUNK if not max_bytes else min(LOG_CHUNK, max_bytes - offset)
+                data = os.pread(fd, want, offset) if want > 0 else b""
+                offset += len(data)
+                printer.feed(data)
+                if max_bytes and offset >= max_bytes and (follow or os.fstat(fd).st_size > offset):
+                    printer.finish()
+                    _say_cut(job_id, path, offset, os.fstat(fd).st_size)
+                    return
+            if data:
+                continue  # more may be there already
             if not follow:
-                click.echo(f"job {job_id}: no output yet ({path} does not exist)", err=True)
+                printer.finish()
                 return
-        except OSError as exc:
-            raise SpecError(f"cannot read {path}: {exc.strerror or exc}",
-                            hint="only the job's owner may read its log") from None
-        offset += len(data)
-        text = pending + data.decode("utf-8", "replace")
-        lines = text.split("\n")
-        pending = lines.pop()  # an unfinished last line waits for its end
-        out, shown = attempt_lines(lines, attempt, shown)
-        for line in out:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        if not follow:
-            if pending and shown:
-                sys.stdout.write(pending + "\n")
-            return
-        if client.show(job_id).ended and not data:
-            if pending and shown:
-                sys.stdout.write(pending + "\n")
-            return
-        time.sleep(max(0.1, interval))
+            if client.show(job_id).ended:
+                follow = False  # one more read for what it wrote last, then stop
+                continue
+            time.sleep(max(0.1, interval))
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _log_of(job: Job, piece: int | None) -> str:
+    path = job.log if piece is None else job.piece_log(piece)
+    if not path:
+        raise SpecError(f"job {job.id} has no log recorded", hint="it was submitted before gbroker kept logs")
+    return path
+
+
+def _open_log(path: str, job: Job) -> int | None:
+    """The log's descriptor, opened as the job's owner (``broker.joblog.open_log``); None while it is not there."""
+    from broker import joblog
+
+    try:
+        return joblog.open_log(path, job.owner, job.owner_uid)
+    except joblog.Unreadable as exc:
+        raise SpecError(f"job {job.id}: {exc}",
+                        hint="only the job's owner's own log file is shown; ask them what is there") from None
+
+
+def _say_cut(job_id: int, path: str, read: int, size: int) -> None:
+    click.echo(f"job {job_id}: stopped after {read:,} bytes of {path} ({size:,} bytes now; --max-bytes); "
+               f"`gbroker logs {job_id} --max-bytes 0` prints all of it, --attempt N one attempt's", err=True)
+
+
+class _LogPrinter:
+    """Writes a log's bytes line by line: one attempt's lines (or all), escaped for a terminal unless raw."""
+
+    def __init__(self, attempt: int | None, raw: bool) -> None:
+        self.attempt = attempt
+        self.raw = raw
+        self.shown = attempt is None
+        self.pending = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()  # an unfinished last line waits for its end ...
+        if len(self.pending) > LOG_CHUNK:  # ... unless it is that long
+            lines.append(self.pending)
+            self.pending = b""
+        self._write(lines)
+
+    def finish(self) -> None:
+        if self.pending:
+            self._write([self.pending])
+            self.pending = b""
+
+    def _write(self, lines: list[bytes]) -> None:
+        import sys
+
+        from broker.client import attempt_lines
+        from broker.joblog import shown
+
+        texts = [line.decode("utf-8", "surrogateescape") for line in lines]
+        picked, self.shown = attempt_lines(texts, self.attempt, self.shown)
+        out = sys.stdout.buffer
+        for text in picked:
+            line = text if self.raw else shown(text)
+            out.write(line.encode("utf-8", "surrogateescape") + b"\n")
+        out.flush()

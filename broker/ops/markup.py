@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+from broker import joblog
+
 _CONTROL_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f]")
 WORD_JOINER = "\u2060"
 """Invisible, and no markup reads past it: ``@\u2060channel`` shows @channel and mentions nobody."""
@@ -29,8 +30,9 @@ def _escaped(match: re.Match[str]) -> str:
 
 
 def plain(text: str) -> str:
-    """Text with its control characters shown escaped (ESC as ``\\x1b``); newlines and tabs stay."""
-    return _CONTROL.sub(_escaped, text)
+    """Text with its control characters shown escaped, as ``gbroker logs`` shows them (ESC as
+    ``\\x1b``); newlines and tabs stay."""
+    return joblog.shown(text)
 
 
 def for_chat(text: str) -> str:

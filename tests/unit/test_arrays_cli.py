@@ -3,6 +3,8 @@ caller, by attempt and piece), and the submit flags; against a stand-in for the 
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,15 @@ from click.testing import CliRunner
 
 from broker.cli import main as cli_main
 
+ME = pwd.getpwuid(os.getuid())
+
 
 def job(state: str, done: int, log: str, pieces_log: str) -> dict[str, Any]:
     counts = {"done": done, "running": 4 - done} if done < 4 else {"done": 4}
     line = f"{done}/4 done" + (f", {4 - done} running" if done < 4 else "")
     return {
-        "id": 5, "name": "frames", "kind": "render", "owner": "alice", "owner_uid": 1, "group": "vision",
+        # The logs are this test's files: the job is its user's (logs reads a log as the job's owner).
+        "id": 5, "name": "frames", "kind": "render", "owner": ME.pw_name, "owner_uid": ME.pw_uid, "group": "vision",
         "state": state, "reason": line, "capacity": "spot", "partition": "spot", "policy": "simple",
         "reclaims": 0, "failures": 0, "attempts": [], "slurm_job_id": None, "deadline": None, "created_at": None,
         "finished_at": None, "age_s": 5, "log": log, "events": [],

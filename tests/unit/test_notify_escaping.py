@@ -42,7 +42,7 @@ def test_chat_text_shows_a_hostile_name_and_never_reads_it_as_markup() -> None:
 
 
 def test_control_characters_are_shown_escaped_newlines_and_tabs_kept() -> None:
-    assert markup.plain("a\x1b]0;TITLE\x07\x1b[2J\tb\nc\r\x7f\x9b") == "a\\x1b]0;TITLE\\x07\\x1b[2J\tb\nc\\x0d\\x7f\\x9b"
+    assert markup.plain("a\x1b]0;TITLE\x07\x1b[2J\tb\nc\r\x7f\x9b") == "a\\x1b]0;TITLE\\x07\\x1b[2J\tb\nc\\x0d\\x7f\\u009b"
     assert markup.for_chat("\x1b[2J") == "\\x1b[2J"
 
 
