@@ -26,6 +26,7 @@ from broker.caller import Caller
 from broker.db import store
 from broker.db.models import Attempt, Job
 from broker.errors import NotFound, PermissionDenied, SlurmError, SlurmUnavailable, SpecError
+from broker.money import totals
 from broker.money.admission import admit
 from broker.money.charging import billable_limit_s
 from broker.state import Services, must_get
@@ -315,6 +316,8 @@ def _store_intent(
             ))
             if new_id is None:
                 raise _KeyTaken()  # stored meanwhile under this key (another daemon): answer with that job
+            if admission.counted:
+                totals.expect_job(s, spec.group, Capacity(capacity), partition, spec.gpus, admission.reserved_micros)
             attempt_id = store.insert_first_attempt(s, new_id, partition=partition, capacity=Capacity(capacity),
                                                     now=now)
             store.insert_events(s, [store.event_row("intent", f"place on {partition} ({placed_by}); sbatch next",
@@ -426,6 +429,7 @@ def sbatch_attempt(svc: Services, job_id: int, attempt_id: int, *, claimed: bool
             row = (lifecycle.first_attempt_submitted(s, job_id, attempt_id, slurm_id, at)
                    if summary_into is not None else None)
             if row is not None:
+                totals.unchanged(s)  # admitted -> pending: the group's running totals stay as they are
                 wanted = True
                 summary_into.update(summary_of(row, attempts=1, slurm_job_id=slurm_id, now=now or at))  # type: ignore[union-attr]
             else:

@@ -2,7 +2,10 @@
 
 Called inside the submit transaction, under the daemon's write lock, so the
 check and the reservation are one step: twenty submissions at once cannot
-overspend (each sees the reservations of those admitted before it).
+overspend (each sees the reservations of those admitted before it). What the
+group's jobs hold and their GPUs in flight come from running totals kept in
+memory (broker/money/totals.py), so an admission costs the same however long
+the queue is.
 
 A job of a group gbroker does not manage (no group for its Slurm account) is
 admitted with its estimate and nothing reserved; a managed group without a
@@ -23,6 +26,7 @@ from broker.errors import AdmissionRefused, PermissionDenied
 from broker.amount import format_money
 from broker.money import budgets as B
 from broker.money import pricebook
+from broker.money import totals
 from broker.spec import JobSpec
 from broker.state import Services
 
@@ -40,6 +44,8 @@ class Admission:
     """The estimate on each capacity the job may run on, the placed one first (None: no price)."""
     budget: B.BudgetStatus | None = None
     """The group's budget in the current semester as the job found it (None: no budget applies)."""
+    counted: bool = False
+    """The group is managed: its running totals (broker/money/totals.py) count the job once stored."""
 
 
 def admit(
@@ -77,7 +83,7 @@ def admit(
 
     def in_flight() -> B.InFlight:
         if not flight:
-            flight.append(B.in_flight(session, group.slurm_account))
+            flight.append(totals.in_flight(session, group.slurm_account))
         return flight[0]
 
     _check_quota(session, group, spec, capacity, in_flight)
@@ -89,7 +95,7 @@ def admit(
         where = f"in {semester.name}" if semester is not None else "now (no semester is in force)"
         return Admission(
             estimate_micros=estimate or 0, reserved_micros=0, note=f"group {group.name} has no budget {where}",
-            estimates=shown,
+            estimates=shown, counted=True,
         )
     if estimate is None:
         raise AdmissionRefused(
@@ -97,10 +103,11 @@ def admit(
             f"for partition {partition} ({CAPACITY_WORDS.get(capacity, capacity)}), so the job cannot be estimated",
             hint=f"ask a lab admin to add one: gbroker price set {partition} --capacity {capacity} --price ... --from ...",
         )
-    status = B.budget_status(session, group, semester, budget, book, settings, now)
+    status = B.budget_status(session, group, semester, budget, book, settings, now,
+                             totals.holdings(session, group.slurm_account))
     if status.exhausted or status.committed_micros + estimate > status.amount_micros:
         raise AdmissionRefused(refusal_message(status, capacity, estimates), hint=_refusal_hint(status, capacity, estimates))
-    return Admission(estimate_micros=estimate, reserved_micros=estimate, estimates=shown, budget=status)
+    return Admission(estimate_micros=estimate, reserved_micros=estimate, estimates=shown, budget=status, counted=True)
 
 
 def refusal_message(status: B.BudgetStatus, capacity: str, estimates: dict[str, int | None]) -> str:

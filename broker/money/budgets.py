@@ -192,14 +192,21 @@ _HOLDINGS = _holdings_query()
 """Made once: admission asks at every submission, and building it costs more than running it."""
 
 
-def reserved_micros(s: Session, account: str, book: PriceBook, settings: Settings, now: datetime) -> int:
+def holdings(s: Session, account: str) -> list[tuple[Any, ...]]:
+    """The account's holdings as the database adds them up: (None, ..., plain total) and one row
+    per job that goes on (its id, partition, capacity, spec, what it keeps); priced by ``reserved_micros``."""
+    return [tuple(row) for row in s.execute(_HOLDINGS, {"account": account})]
+
+
+def reserved_micros(s: Session, account: str, book: PriceBook, settings: Settings, now: datetime,
+                    rows: list[tuple[Any, ...]] | None = None) -> int:
     """Money the account's jobs still hold against its budget (see the module docstring).
 
     The database adds up the plain rule over all of them; only the jobs that go on after
-    a reclaim or a failure (few) are read, to price their next attempt. Admission asks
-    at every submission, so this must not read every queued job."""
+    a reclaim or a failure (few) are read, to price their next attempt. ``rows``: the
+    account's ``holdings`` as admission keeps them (broker/money/totals.py), else asked."""
     total = 0
-    for key, partition, capacity, text, kept in s.execute(_HOLDINGS, {"account": account}):
+    for key, partition, capacity, text, kept in (holdings(s, account) if rows is None else rows):
         if key is None:  # the plain rule, over all the others
             total += int(kept)
             continue
@@ -285,11 +292,12 @@ def budget_status(
     book: PriceBook,
     settings: Settings,
     now: datetime,
+    rows: list[tuple[Any, ...]] | None = None,
 ) -> BudgetStatus:
     current = semester.starts_at <= now < semester.ends_at
     reserved = 0
     if current:
-        reserved = reserved_micros(s, group.slurm_account, book, settings, now)
+        reserved = reserved_micros(s, group.slurm_account, book, settings, now, rows)
     return BudgetStatus(
         group=group.name,
         account=group.slurm_account,
