@@ -581,10 +581,11 @@ class _LogPrinter:
     def feed(self, data: bytes) -> None:
         lines = (self.pending + data).split(b"\n")
         self.pending = lines.pop()  # an unfinished last line waits for its end ...
-        if len(self.pending) > LOG_CHUNK:  # ... unless it is that long
-            lines.append(self.pending)
-            self.pending = b""
         self._write(lines)
+        if len(self.pending) > LOG_CHUNK:  # ... unless it is that long: then it goes out as it is
+            if self.shown:
+                self._put(self.pending.decode("utf-8", "surrogateescape"), b"")
+            self.pending = b""
 
     def finish(self) -> None:
         if self.pending:
@@ -592,15 +593,18 @@ class _LogPrinter:
             self.pending = b""
 
     def _write(self, lines: list[bytes]) -> None:
-        import sys
-
         from broker.client import attempt_lines
-        from broker.joblog import shown
 
         texts = [line.decode("utf-8", "surrogateescape") for line in lines]
         picked, self.shown = attempt_lines(texts, self.attempt, self.shown)
-        out = sys.stdout.buffer
         for text in picked:
-            line = text if self.raw else shown(text)
-            out.write(line.encode("utf-8", "surrogateescape") + b"\n")
-        out.flush()
+            self._put(text, b"\n")
+
+    def _put(self, text: str, end: bytes) -> None:
+        import sys
+
+        from broker.joblog import shown
+
+        line = text if self.raw else shown(text)
+        sys.stdout.buffer.write(line.encode("utf-8", "surrogateescape") + end)
+        sys.stdout.buffer.flush()
