@@ -243,28 +243,34 @@ class ApiServer:
     # -- serving ---------------------------------------------------------------
     def _serve(self, conn: socket.socket, pid: int, uid: int, gid: int) -> None:
         started = time.monotonic()
-        deadline = started + self.limits.read_timeout_s
         op = "?"
         try:
-            try:
-                line, rest = self._read_line(conn, deadline)
-                if http_wire.is_http(line):
-                    op = self._serve_http(conn, pid, uid, gid, line, rest, deadline)
-                    return
-            except RequestTooLarge as exc:
-                self._write(conn, _error(exc))
-                return
-            except (TimeoutError, OSError) as exc:
-                log.info("uid %s (pid %s): request not received (%s)", uid, pid, exc or "timed out")
-                return
-            op, answer = self.dispatch(pid, uid, gid, line)
-            self._write(conn, answer)
+            op = self._serve_one(conn, pid, uid, gid, started + self.limits.read_timeout_s)
+        except Exception as exc:  # a bug: the client is told, the log says where, the daemon serves on
+            log.exception("request from uid %s (pid %s) failed", uid, pid)
+            self._write(conn, _error(_internal(exc)))
         finally:
             self._done(uid)
             conn.close()
             took = time.monotonic() - started
             if took > self.limits.slow_request_s:
                 log.info("request %s from uid %s took %.2fs", op, uid, took)
+
+    def _serve_one(self, conn: socket.socket, pid: int, uid: int, gid: int, deadline: float) -> str:
+        """Read one request, answer it; the op name it called (for the log)."""
+        try:
+            line, rest = self._read_line(conn, deadline)
+            if http_wire.is_http(line):
+                return self._serve_http(conn, pid, uid, gid, line, rest, deadline)
+        except RequestTooLarge as exc:
+            self._write(conn, _error(exc))
+            return "?"
+        except (TimeoutError, OSError) as exc:
+            log.info("uid %s (pid %s): request not received (%s)", uid, pid, exc or "timed out")
+            return "?"
+        op, answer = self.dispatch(pid, uid, gid, line)
+        self._write(conn, answer)
+        return op
 
     def _read_line(self, conn: socket.socket, deadline: float) -> tuple[bytes, bytes]:
         """The first line and what came after it in the same read; RequestTooLarge past the
@@ -296,15 +302,27 @@ class ApiServer:
     # -- HTTP/1.1 (broker.http_wire) ---------------------------------------------
     def _serve_http(self, conn: socket.socket, pid: int, uid: int, gid: int, first: bytes, rest: bytes,
                     deadline: float) -> str:
-        """One HTTP request on the connection; the op name it called (for the log)."""
+        """One HTTP request on the connection; the op name it called (for the log). A bug anywhere
+        in it is answered 500 and logged, never a connection closed without a word."""
+        try:
+            return self._answer_http(conn, pid, uid, gid, first, rest, deadline)
+        except OSError:  # the client went away or was too slow: nothing to answer, the caller logs it
+            raise
+        except Exception as exc:
+            log.exception("HTTP request from uid %s (pid %s) failed", uid, pid)
+            self._send(conn, http_wire.response(500, http_wire.error_payload(_internal(exc))))
+            return "http?"
+
+    def _answer_http(self, conn: socket.socket, pid: int, uid: int, gid: int, first: bytes, rest: bytes,
+                     deadline: float) -> str:
         try:
             head, body = self._read_http(conn, first, rest, deadline)
             routed = http_wire.route(head, body, sorted(self.handlers))
-        except http_wire.HttpError as exc:
-            self._send(conn, http_wire.response(exc.status, http_wire.error_payload(exc), exc.headers))
-            return "http?"
-        except RequestTooLarge as exc:
-            self._send(conn, http_wire.response(413, http_wire.error_payload(exc)))
+        except (http_wire.HttpError, RequestTooLarge) as exc:
+            status = exc.status if isinstance(exc, http_wire.HttpError) else 413
+            log.info("uid %s (pid %s): HTTP request refused (%s): %s", uid, pid, status, exc.message)
+            self._send(conn, http_wire.response(status, http_wire.error_payload(exc),
+                                                exc.headers if isinstance(exc, http_wire.HttpError) else None))
             return "http?"
         if routed.op is None:
             self._send(conn, http_wire.response(200, http_wire.openapi(sorted(self.handlers))))
@@ -316,17 +334,10 @@ class ApiServer:
         return op
 
     def _read_http(self, conn: socket.socket, first: bytes, rest: bytes, deadline: float) -> tuple[http_wire.Head, bytes]:
-        """The head (request line and headers) and a body of Content-Length bytes, within the limits."""
+        """The head (request line and headers, at most ``MAX_HEAD_BYTES`` however it arrives) and a
+        body of Content-Length bytes, within the limits."""
         buf = bytearray(first + rest)
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            sep = 4
-            if end < 0:
-                end, sep = buf.find(b"\n\n"), 2
-            if end >= 0:
-                break
-            if len(buf) > http_wire.MAX_HEAD_BYTES:
-                raise http_wire.HttpError(400, "the request's headers are too large")
+        while (end := http_wire.head_length(bytes(buf))) is None:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = conn.recv(65536)
             if not chunk:
@@ -338,7 +349,7 @@ class ApiServer:
             raise RequestTooLarge(f"request body too large ({length} bytes; at most "
                                   f"{self.limits.max_request_bytes // (1024 * 1024)} MiB)",
                                   hint="keep job scripts under 1 MiB; put large inputs in files")
-        body = bytearray(buf[end + sep:])
+        body = bytearray(buf[end:])
         if len(body) < length and head.headers.get("expect", "").lower() == "100-continue":
             self._send(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
         while len(body) < length:
@@ -413,7 +424,7 @@ class ApiServer:
             return op, _error(exc)
         except Exception as exc:  # a bug: tell the client, keep serving
             log.exception("handler %s failed for uid %s", op, uid)
-            return op, _error(BrokerError(f"internal error in {op}: {exc}", hint="see the daemon log"))
+            return op, _error(_internal(exc, op))
 
     # -- life cycle ------------------------------------------------------------
     def serve_in_thread(self) -> threading.Thread:
@@ -453,6 +464,11 @@ def _remove_stale_socket(path: Path) -> None:
         f"another process answers on {path}",
         hint="a daemon is already running; stop it first or use another --socket",
     )
+
+
+def _internal(exc: Exception, op: str = "the request") -> BrokerError:
+    """What a client is told of a bug (HTTP reads "internal error" as 500)."""
+    return BrokerError(f"internal error in {op}: {exc}", hint="see the daemon log")
 
 
 def _error(exc: BrokerError) -> dict[str, Any]:

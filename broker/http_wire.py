@@ -22,31 +22,24 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from broker.errors import BrokerError
+from broker.http_fields import HttpError as HttpError  # the servers catch it as http_wire's
+from broker.http_fields import content_length, whole_number
 
 API_VERSION = "v1"
 MAX_HEAD_BYTES = 64 * 1024
-"""The request line and headers together."""
+"""The request line and the header lines, each with its line ending, and the empty line that ends
+them: a head of exactly this many bytes is read, one byte more is refused with 431."""
+_HEAD_END = re.compile(rb"\n\r?\n")
 METHODS = ("GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS")
 _REQUEST_LINE = re.compile(rb"^([A-Z]{3,7}) (\S{1,8192}) HTTP/1\.[01]\r?\n$")
 
 STATUS_TEXT = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-               409: "Conflict", 411: "Length Required", 413: "Content Too Large", 500: "Internal Server Error",
-               502: "Bad Gateway", 503: "Service Unavailable"}
+               409: "Conflict", 411: "Length Required", 413: "Content Too Large",
+               431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
+               503: "Service Unavailable"}
 STATUS_OF_EXIT = {2: 400, 3: 404, 4: 403, 5: 409, 6: 503, 7: 502}
 """An error's exit code (``broker.errors``) -> HTTP status: bad input 400, not found (or not
 yours) 404, not allowed 403, refused by admission 409, busy 503, Slurm 502."""
-
-
-class HttpError(BrokerError):
-    """A request HTTP itself refuses (malformed, unknown route, wrong method)."""
-
-    exit_code = 2
-
-    def __init__(self, status: int, message: str, hint: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.headers = dict(headers or {})
 
 
 def is_http(first_line: bytes) -> bool:
@@ -61,21 +54,30 @@ class Head:
     path: str
     query: dict[str, list[str]]
     headers: dict[str, str]
-    """Lower-case names."""
+    """Lower-case names; a header sent more than once has its values joined by ", " (RFC 9110 5.3),
+    so two Content-Lengths are both seen."""
 
     @property
     def content_length(self) -> int:
-        if "transfer-encoding" in self.headers:
-            raise HttpError(411, "chunked request bodies are not accepted",
-                            hint="send the body with a Content-Length (curl --data does)")
-        raw = self.headers.get("content-length", "0").strip()
-        if not raw.isdigit():
-            raise HttpError(400, f"Content-Length {raw[:20]!r} is not a number of bytes")
-        return int(raw)
+        """The body's length (0 without one); HttpError when the request's framing is unclear."""
+        raw = self.headers.get("content-length")
+        return content_length([] if raw is None else [raw], "transfer-encoding" in self.headers)
+
+
+def head_length(buf: bytes, limit: int = MAX_HEAD_BYTES) -> int | None:
+    """How many bytes of ``buf`` the head takes (to the end of its first empty line), None while it
+    may still come, or HttpError 431 once it cannot end within ``limit`` bytes."""
+    m = _HEAD_END.search(buf, 0, limit)
+    if m is not None:
+        return m.end()
+    if len(buf) >= limit:
+        raise HttpError(431, f"the request's head (request line and headers) is larger than {limit} bytes",
+                        hint="send fewer or shorter headers")
+    return None
 
 
 def parse_head(raw: bytes) -> Head:
-    """The request line and headers (up to and without the blank line)."""
+    """The request line and headers (up to the empty line; it may be included)."""
     lines = raw.split(b"\n")
     m = _REQUEST_LINE.match(lines[0] + b"\n")
     if m is None:
@@ -91,7 +93,8 @@ def parse_head(raw: bytes) -> Head:
         name, sep, value = line.partition(b":")
         if not sep or not name or name != name.strip():
             raise HttpError(400, "malformed HTTP header line")
-        headers[name.decode("ascii", "replace").lower()] = value.strip().decode("latin-1")
+        key, text = name.decode("ascii", "replace").lower(), value.strip().decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
     url = urlsplit(target)
     return Head(method=method, path=unquote(url.path), query=parse_qs(url.query, keep_blank_values=True),
                 headers=headers)
@@ -118,9 +121,7 @@ def _flag(query: Mapping[str, list[str]], name: str, default: bool) -> bool:
 
 
 def _job_id(raw: str) -> int:
-    if not raw.isdigit():
-        raise HttpError(404, f"no job {raw[:20]!r}", hint="job ids are numbers, as `gbroker status` shows them")
-    return int(raw)
+    return whole_number(raw, "job id")
 
 
 Args = Callable[[Mapping[str, str], Mapping[str, list[str]], Any], dict[str, Any]]
@@ -158,9 +159,7 @@ def _list_args(_: Mapping[str, str], q: Mapping[str, list[str]], __: Any) -> dic
     args: dict[str, Any] = {"active": _flag(q, "active", True), "all_users": _flag(q, "all_users", False)}
     limit = _one(q, "limit")
     if limit is not None:
-        if not limit.isdigit():
-            raise HttpError(400, f"limit={limit[:20]!r} is not a whole number")
-        args["limit"] = int(limit)
+        args["limit"] = whole_number(limit, "limit")
     for name in ("user", "group", "state"):
         if (value := _one(q, name)) is not None:
             args[name] = value

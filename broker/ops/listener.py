@@ -3,8 +3,18 @@
 Off unless ``[metrics] listen`` is set; loopback unless ``allow_remote``
 says otherwise (``broker.opsconfig``). It serves only what it computes: no
 path a request names is opened, nothing is written (but the dashboard's
-sessions: a sign-in's session row and note on its token, a sign-out's end), and every other path or method is refused. The dashboard's
-pages (``broker/web/``) are served when the daemon hands it one.
+sessions: a sign-in's session row and note on its token, a sign-out's end),
+and every other path or method is refused. The dashboard's pages
+(``broker/web/``) are served when the daemon hands it one.
+
+Any local user can connect, and every local client is 127.0.0.1, so slots are
+shared by who connects as the kernel names them (``broker.ops.peers``): one
+user (one address, for a client not on this host) holds at most
+``MAX_PER_PEER`` of the ``MAX_CONNECTIONS``, root has ``ROOT_RESERVE`` more
+that nobody else may take, and a connection holds its slot for a bounded
+time (its head within ``HEAD_DEADLINE_S``, all of it within
+``CONNECTION_DEADLINE_S``). A user who opens slow connections without end
+is answered 503 for the ones past their share; everyone else is served.
 """
 
 from __future__ import annotations
@@ -13,14 +23,19 @@ import json
 import logging
 import socket
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.errors import ConfigError
+from broker.http_fields import HttpError, content_length
 from broker.ops.health import readiness
 from broker.ops.metrics import registry
+from broker.ops.peers import Peer, peer_of
 from broker.ops.stats import DaemonStats
 from broker.state import Services
 from broker.web.app import SECURITY_HEADERS, Dashboard, Response, serves
@@ -31,51 +46,114 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 32
 """Connections served at once; more are answered 503 at once, so idle ones cannot pile up
 threads and file descriptors in the daemon (any local user can connect)."""
+MAX_PER_PEER = 8
+"""Connections one user (or one remote address) may have served at once: a quarter of the slots,
+more than a browser and a scraper need together."""
+ROOT_RESERVE = 4
+"""Slots past ``MAX_CONNECTIONS`` only root's connections may take: the admin's and systemd's own
+checks are answered even while several users together hold every shared slot."""
 REQUEST_TIMEOUT_S = 10.0
 """A connection that sends nothing (or a body slower than this between bytes) is closed."""
+HEAD_DEADLINE_S = 10.0
+"""The request line and headers must have arrived this long after the connection was accepted
+(a client sends them in one go; a byte every few seconds is an attack on the slots)."""
 CONNECTION_DEADLINE_S = 30.0
 """A connection still open this long after it was accepted is closed, however it trickles bytes."""
-_BUSY_TEXT = b"too many connections at once: try again\n"
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
+LISTEN_BACKLOG = 128
+"""Connections the kernel queues before they are accepted (socketserver's default is 5: a burst
+of an attacker's connects would drop others' SYNs)."""
+FORM_MAX_BYTES = 65536
+
+
+def busy(text: str) -> bytes:
+    """A complete 503 answer, sent from the accepting thread before any request is read."""
+    body = text.encode() + b"\n"
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+
+
+class Slots:
+    """Connections served now, counted per peer (``Peer.key``): at most ``per_peer`` for one, at
+    most ``total`` in all, and ``root_reserve`` more for root alone."""
+
+    def __init__(self, total: int, per_peer: int, root_reserve: int) -> None:
+        self.total, self.per_peer, self.root_reserve = total, per_peer, root_reserve
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+
+    def take(self, peer: Peer) -> str | None:
+        """Take a slot for ``peer``; None when taken, else why not (the 503's text)."""
+        with self._lock:
+            if self._held[peer.key] >= self.per_peer:
+                return (f"too many connections from {peer.key} at once ({self.per_peer} at most): "
+                        "try again when one has ended")
+            limit = self.total + (self.root_reserve if peer.uid == 0 else 0)
+            if sum(self._held.values()) >= limit:
+                return "too many connections at once: try again"
+            self._held[peer.key] += 1
+            return None
+
+    def give_back(self, peer: Peer) -> None:
+        with self._lock:
+            self._held[peer.key] -= 1
+            if self._held[peer.key] <= 0:
+                del self._held[peer.key]
+
+    def held(self) -> dict[str, int]:
+        """Peer key -> connections served now."""
+        with self._lock:
+            return dict(self._held)
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    slots: threading.BoundedSemaphore
+    request_queue_size = LISTEN_BACKLOG
+    slots: Slots
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        """Serve the connection in a thread of its own if its peer has a slot, else 503 at once."""
+        peer = peer_of(request)
+        refused = self.slots.take(peer)
+        if refused is not None:
+            log.debug("ops http %s: 503, %s", peer.key, refused)
             try:
-                request.sendall(BUSY)
+                request.sendall(busy(refused))
             except OSError:
                 pass
             self.shutdown_request(request)
             return
+        thread = threading.Thread(target=self._serve, args=(request, client_address, peer), daemon=True)
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self.slots.release()
+            self.slots.give_back(peer)
+            self.shutdown_request(request)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve(self, request: Any, client_address: Any, peer: Peer) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.slots.give_back(peer)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failure outside the handlers' own guard goes to the daemon's log, not to stderr."""
+        log.exception("ops http %s: the connection failed", client_address[0] if client_address else "?")
 
 
 class OpsListener:
     def __init__(self, svc: Services, stats: DaemonStats, host: str, port: int,
                  web: Dashboard | None = None, *, max_connections: int = MAX_CONNECTIONS,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 max_per_peer: int = MAX_PER_PEER, root_reserve: int = ROOT_RESERVE,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, head_deadline_s: float = HEAD_DEADLINE_S,
                  connection_deadline_s: float = CONNECTION_DEADLINE_S) -> None:
         self.svc = svc
         self.stats = stats
         self.web = web
         self.registry = registry(svc, stats)
-        handler = _handler(self, request_timeout_s, connection_deadline_s)
+        handler = _handler(self, request_timeout_s, min(head_deadline_s, connection_deadline_s),
+                           connection_deadline_s)
         server_cls: Any = type("_Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
         try:
             self.server: _Server = server_cls((host, port), handler)
@@ -83,7 +161,7 @@ class OpsListener:
             shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise ConfigError(f"cannot listen on {shown} for metrics: {exc.strerror or exc}",
                               hint="another program has the port: pick another [metrics] listen, or stop it") from None
-        self.server.slots = threading.BoundedSemaphore(max_connections)
+        self.server.slots = Slots(max_connections, max_per_peer, root_reserve)
         self.thread: threading.Thread | None = None
 
     @property
@@ -106,7 +184,7 @@ class OpsListener:
         self.server.server_close()
 
 
-def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
+def _handler(app: OpsListener, timeout_s: float, head_s: float, deadline_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gbroker"
         sys_version = ""
@@ -115,9 +193,17 @@ def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[Base
         def setup(self) -> None:
             super().setup()
             # A client that trickles a byte before each timeout would keep its slot for ever.
-            self._deadline = threading.Timer(deadline_s, self._cut)
-            self._deadline.daemon = True
-            self._deadline.start()
+            self._accepted = time.monotonic()
+            self._head_in, self._over = threading.Event(), threading.Event()
+            self._answered = False
+            threading.Thread(target=self._watch, name="gbroker-ops-deadline", daemon=True).start()
+
+        def _watch(self) -> None:
+            """Cut the connection when its head is not in by ``head_s``, or at ``deadline_s`` in all."""
+            if not self._head_in.wait(head_s):
+                self._cut()
+            elif not self._over.wait(max(0.0, deadline_s - (time.monotonic() - self._accepted))):
+                self._cut()
 
         def _cut(self) -> None:
             try:
@@ -125,14 +211,52 @@ def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[Base
             except OSError:
                 pass
 
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()
+            self._head_in.set()
+            return parsed
+
         def finish(self) -> None:
-            self._deadline.cancel()
+            self._head_in.set()
+            self._over.set()
             try:
                 super().finish()
             except OSError:
                 pass  # the deadline cut it
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self._guarded(self._get)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._guarded(self._post)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._send(405, b"", "text/plain")
+
+        def do_PUT(self) -> None:  # noqa: N802
+            self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+
+        do_DELETE = do_PATCH = do_PUT  # noqa: N815
+
+        def _guarded(self, answer: Callable[[], None]) -> None:
+            """Every request gets an answer: a refusal its status (400, 411, 413) and a log line, a
+            bug 500 and its traceback in the log (never a connection closed without a word)."""
+            try:
+                answer()
+            except HttpError as exc:
+                log.info("ops http %s: %s %s refused (%s): %s", self.client_address[0], self.command,
+                         self.path[:200], exc.status, exc.message)
+                self._send(exc.status, f"{exc.message}: {exc.hint}\n".encode() if exc.hint else
+                           f"{exc.message}\n".encode(), "text/plain; charset=utf-8")
+            except OSError as exc:  # the client went away, or the deadline cut it
+                log.debug("ops http %s: connection lost: %s", self.client_address[0], exc)
+                self.close_connection = True
+            except Exception:
+                log.exception("ops http %s: %s %s failed", self.client_address[0], self.command, self.path[:200])
+                if not self._answered:
+                    self._send(500, b"internal error: the daemon's log says why\n", "text/plain; charset=utf-8")
+
+        def _get(self) -> None:
             path = self.path.split("?", 1)[0]
             if app.web is not None and serves(path):
                 self._web(lambda web: web.get(self.path, self.headers))
@@ -153,29 +277,22 @@ def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[Base
             else:
                 self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
 
-        def do_HEAD(self) -> None:  # noqa: N802
-            self._send(405, b"", "text/plain")
-
-        def do_POST(self) -> None:  # noqa: N802
+        def _post(self) -> None:
             path = self.path.split("?", 1)[0]
             if app.web is not None and path in ("/login", "/logout"):
-                length = self.headers.get("Content-Length", "0")
-                if not length.isdigit() or int(length) > 65536:
+                length = content_length(self.headers.get_all("Content-Length") or [],
+                                        "Transfer-Encoding" in self.headers)
+                if length > FORM_MAX_BYTES:
                     self._send(413, b"the form is too large\n", "text/plain; charset=utf-8")
                     return
                 try:
-                    body = self.rfile.read(int(length))
+                    body = self.rfile.read(length)
                 except TimeoutError:
                     self.close_connection = True
                     return
                 self._web(lambda web: web.post(path, self.headers, body))
                 return
             self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
-
-        def do_PUT(self) -> None:  # noqa: N802
-            self._send(405, b"read-only: GET /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
-
-        do_DELETE = do_PATCH = do_PUT  # noqa: N815
 
         def _web(self, answer: Any) -> None:
             assert app.web is not None
@@ -187,6 +304,7 @@ def _handler(app: OpsListener, timeout_s: float, deadline_s: float) -> type[Base
             self._send(r.status, r.body, r.ctype, {**SECURITY_HEADERS, **r.headers})
 
         def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
+            self._answered = True
             self.send_response(code)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)

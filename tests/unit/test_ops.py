@@ -590,7 +590,8 @@ def test_idle_connections_cannot_pile_up_in_the_listener(world: World) -> None:
 
     from broker.ops.listener import OpsListener
 
-    ops = OpsListener(world.svc, DaemonStats(), "127.0.0.1", 0, max_connections=2, request_timeout_s=0.5)
+    ops = OpsListener(world.svc, DaemonStats(), "127.0.0.1", 0, max_connections=2, root_reserve=0,
+                      request_timeout_s=0.5)
     ops.start()
     base = f"http://127.0.0.1:{ops.address[1]}"
     idle = [socket.create_connection(ops.address, timeout=5) for _ in range(2)]  # connect, send nothing
