@@ -389,7 +389,7 @@ class Job(Record):
 
 
 ENDED = frozenset({"completed", "failed", "cancelled", "timeout", "deadline_missed"})
-JOB_STATES = ("admitted", "pending", "running", "recovering", "held", "unknown",
+JOB_STATES = ("admitted", "pending", "running", "completing", "recovering", "held", "unknown",
               "completed", "failed", "cancelled", "timeout", "deadline_missed")
 """Every state a job can be in (``broker.states.JobState``; a test keeps the two the same)."""
 MAX_LIST = 10_000

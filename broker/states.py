@@ -18,6 +18,10 @@ class JobState(str, Enum):
     """A Slurm job exists and waits for nodes."""
     RUNNING = "running"
     """The current attempt runs."""
+    COMPLETING = "completing"
+    """Slurm is ending the current attempt (squeue COMPLETING): its program was signalled or
+    ended, and Slurm waits for its node(s) to clean up; a node that stopped responding keeps it
+    here until Slurm gives up on the node. Not running any more, not ended yet."""
     RECOVERING = "recovering"
     """The last attempt was reclaimed or preempted; the next one is being placed."""
     HELD = "held"
@@ -69,6 +73,10 @@ class AttemptState(str, Enum):
     LOST = "lost"
     """Slurm lost the run itself (its controller restarted while the run started, or it
     failed to launch it): neither a reclaim nor the program's failure. The job runs again."""
+    BOOT_FAILED = "boot_failed"
+    """Its node never came up (Slurm gave up waiting for the boot, ResumeTimeout, and failed
+    the run): the program never started. Neither a reclaim nor lost work, and not charged;
+    the job runs again, kept off a node that failed to boot for it twice."""
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
@@ -82,6 +90,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
         AttemptState.PREEMPTED,
         AttemptState.MOVED,
         AttemptState.LOST,
+        AttemptState.BOOT_FAILED,
         AttemptState.CONTINUED,
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,
@@ -93,10 +102,13 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     _J.ADMITTED: frozenset(
         {_J.PENDING, _J.RUNNING, _J.RECOVERING, _J.CANCELLED, _J.UNKNOWN, _J.HELD, _J.FAILED, _J.DEADLINE_MISSED}
     ),
-    _J.PENDING: frozenset({_J.RUNNING, _J.HELD, _J.CANCELLED, _J.UNKNOWN, _J.RECOVERING} | TERMINAL),
-    _J.RUNNING: frozenset({_J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
-    _J.RECOVERING: frozenset({_J.PENDING, _J.RUNNING, _J.UNKNOWN, _J.HELD} | TERMINAL),
-    _J.HELD: frozenset({_J.PENDING, _J.RUNNING, _J.RECOVERING, _J.UNKNOWN} | TERMINAL),
+    _J.PENDING: frozenset(
+        {_J.RUNNING, _J.COMPLETING, _J.HELD, _J.CANCELLED, _J.UNKNOWN, _J.RECOVERING} | TERMINAL
+    ),
+    _J.RUNNING: frozenset({_J.COMPLETING, _J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
+    _J.COMPLETING: frozenset({_J.RUNNING, _J.RECOVERING, _J.UNKNOWN, _J.PENDING, _J.HELD} | TERMINAL),
+    _J.RECOVERING: frozenset({_J.PENDING, _J.RUNNING, _J.COMPLETING, _J.UNKNOWN, _J.HELD} | TERMINAL),
+    _J.HELD: frozenset({_J.PENDING, _J.RUNNING, _J.COMPLETING, _J.RECOVERING, _J.UNKNOWN} | TERMINAL),
     _J.UNKNOWN: frozenset(ACTIVE | TERMINAL),
 }
 for _t in TERMINAL:

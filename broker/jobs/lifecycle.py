@@ -146,6 +146,21 @@ def attempt_running(s: Session, job: Job, att: Attempt, nodes: str, started_at: 
     store.set_job_state(s, job, JobState.RUNNING, f"running on {nodes}", now=now)
 
 
+def attempt_completing(s: Session, job: Job, att: Attempt, nodes: str, why: str, now: datetime) -> None:
+    """Slurm is ending the attempt on ``nodes`` (COMPLETING): the job reads as completing, for ``why``.
+
+    The attempt still holds its nodes (it stays running, and billed, until Slurm
+    says how it ended); only the job's word changes, so that nobody reads a run
+    Slurm has stopped as running. Said once (a "completing" event).
+    """
+    if att.state not in ATTEMPT_RUNNING:
+        _to(att, AttemptState.RUNNING)
+        att.nodes = nodes
+    if job.state != JobState.COMPLETING:
+        store.add_event(s, "completing", f"attempt {att.number} is ending on {nodes}: {why}", now=now, job_id=job.id)
+    store.set_job_state(s, job, JobState.COMPLETING, f"completing on {nodes}: {why}", now=now)
+
+
 def move_goal(capacity: Capacity) -> str:
     """Why gbroker moves a running job to ``capacity``, in the words of its events."""
     if capacity is Capacity.ONDEMAND:
@@ -241,6 +256,22 @@ def attempt_lost(s: Session, job: Job, att: Attempt, why: str, lost_s: int, now:
     attempt_ended(att, AttemptState.LOST, outcome=f"lost by Slurm: {why}", lost_s=lost_s)
     store.add_event(s, AttemptState.LOST.value, f"attempt {att.number} on {att.nodes or '?'} was lost by Slurm "
                     f"({why}); it runs again on the same capacity", now=now, job_id=job.id)
+
+
+BOOT_FAILED_EVENT = AttemptState.BOOT_FAILED.value
+"""Event kind of a run whose node never came up (the metrics count it)."""
+
+
+def attempt_boot_failed(s: Session, job: Job, att: Attempt, why: str, now: datetime) -> None:
+    """The attempt's node never came up (``why``): the program never started.
+
+    Not a reclaim (the job's reclaims stay as they are), no work lost, and the
+    ledger charges the run nothing; the caller opens the next attempt.
+    """
+    attempt_ended(att, AttemptState.BOOT_FAILED, outcome=f"boot failure: {why}", lost_s=0)
+    store.add_event(s, BOOT_FAILED_EVENT, f"attempt {att.number}: {att.nodes or 'its node'} never came up ({why}); "
+                    "the program never started, nothing lost or charged", now=now, job_id=job.id,
+                    data={"nodes": att.nodes or ""})
 
 
 def attempt_continued(s: Session, job: Job, att: Attempt, how: str, now: datetime, *, limit: bool = True) -> bool:

@@ -56,7 +56,7 @@ from broker.userfiles import SaveFacts
 from broker.checkpoint.manifest import RESUME_EXIT
 from broker.slurm.backend import SacctRow, SlurmJob
 from broker.slurm.script import TIMED_OUT_EXIT
-from broker.slurm.statemap import is_failure_hold, normalize_job_state
+from broker.slurm.statemap import FLAG_NOT_RESPONDING, is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
 from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
 from broker.market import ReclaimHistory, build_market
@@ -89,6 +89,10 @@ class TickPlan:
     """(job id, attempt id) to submit afresh."""
     release: list[int] = field(default_factory=list)
     """Jobs Slurm held after failing to launch them itself."""
+    exclude: list[tuple[int, str]] = field(default_factory=list)
+    """(pending Slurm job, node list): keep it off nodes that failed to boot for it."""
+    silent_nodes: frozenset[str] = frozenset()
+    """Nodes Slurm marks not responding, as this tick read them (only when a job is completing)."""
 
 
 def _utc(dt: datetime | None) -> datetime | None:
@@ -155,7 +159,7 @@ def reconcile(svc: Services) -> None:
     by_name: dict[str, list[SlurmJob]] = {}
     for j in queue:
         by_name.setdefault(j.name, []).append(j)  # anyone may name a job gb-...: every one is kept
-    plan = TickPlan()
+    plan = TickPlan(silent_nodes=_silent_nodes(svc, queue))
 
     need_history: dict[int, tuple[Job, Attempt]] = {}
     unconfirmed: list[tuple[Job, Attempt]] = []
@@ -218,6 +222,32 @@ def reconcile(svc: Services) -> None:
     _act(svc, plan, now)
     if svc.next_try_at is None or svc.next_try_at <= now:
         _act_arrays(svc, arrays.reconcile_arrays(svc, tasks, now, listed_at), now)
+
+
+def _completing(sj: SlurmJob) -> bool:
+    """Slurm is ending this run (squeue COMPLETING): signalled or ended, its nodes cleaning up."""
+    return sj.state_raw.strip().upper() in ("COMPLETING", "CG")
+
+
+def _silent_nodes(svc: Services, queue: list[SlurmJob]) -> frozenset[str]:
+    """The nodes Slurm marks not responding, read (one sinfo) only when a listed job is completing:
+    a run whose node stopped answering stays COMPLETING until Slurm gives up on the node."""
+    if not any(_completing(j) for j in queue):
+        return frozenset()
+    try:
+        return frozenset(n.name for n in svc.backend.nodes() if FLAG_NOT_RESPONDING in n.flags)
+    except SlurmError as exc:
+        log.info("nodes not read this tick: %s", exc)
+        return frozenset()
+
+
+def _ending_why(sj: SlurmJob, silent: frozenset[str]) -> str:
+    """Why a completing run has not ended, in Slurm's words: which of its nodes do not respond."""
+    quiet = [n for n in sj.nodes if n in silent]
+    if quiet:
+        return (f"Slurm is ending it and waits for {', '.join(quiet)}, not responding; it ends when the "
+                "node answers or Slurm gives up on it")
+    return "Slurm is ending it (the program was signalled or ended; the node is cleaning up)"
 
 
 def _look(
@@ -341,6 +371,8 @@ def _follow(
     if booting:
         att.nodes = ",".join(sj.nodes)
         _move(s, job, JobState.PENDING, f"waiting for {att.nodes} to boot", now)
+    elif running and _completing(sj):
+        lifecycle.attempt_completing(s, job, att, ",".join(sj.nodes), _ending_why(sj, plan.silent_nodes), now)
     elif running:
         lifecycle.attempt_running(s, job, att, ",".join(sj.nodes), _utc(sj.start_time) or now, now)
         if att.state == AttemptState.MOVING:
@@ -357,6 +389,8 @@ def _follow(
         if is_failure_hold(sj.reason):
             _release_failure_hold(s, job, sj, now, plan)
             return
+        if att.number > 1:  # a resubmission after boot failures starts with no exclusion of its own
+            _keep_off_failed_boots(s, job, att, sj.job_id, now, plan)
         held = "held" in (sj.reason or "").lower()
         _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
         if not held and job.deadline is not None and att.capacity in (Capacity.SPOT, *PREPAID):
@@ -662,11 +696,14 @@ def _settle(
             _move(s, job, JobState.UNKNOWN, f"Slurm says {final.state_raw} but does not list it", now)
         return
     svc.unclear_since.pop(att.id, None)
+    booting = _seen_booting(att)
     _ended_as(att, final)
     att.ended_at = att.ended_at or now
     att.exit_code = final.exit_code
     state = final.state
-    if state == AttemptState.COMPLETED:
+    if state == AttemptState.RECLAIMED and _boot_failure(normalize_job_state(final.state_raw), booting):
+        _boot_failed(s, svc, job, att, None, now, plan, normalize_job_state(final.state_raw))
+    elif state == AttemptState.COMPLETED:
         lifecycle.job_completed(s, job, att, now)
     elif state in (AttemptState.RECLAIMED, AttemptState.PREEMPTED):
         att.lost_s = _lost_s(att, saves)
@@ -722,12 +759,16 @@ def _requeued(
     if (last is None or sj.state_raw.upper().startswith("REQUEUE")) and _unclear_for(svc, att, now) < UNCLEAR_GRACE:
         return
     svc.unclear_since.pop(att.id, None)
+    booting = _seen_booting(att)
     if last is not None:
         _ended_as(att, last)
     att.ended_at = att.ended_at or now
     cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"
     if cause == "REQUEUED" and is_failure_hold(sj.reason):
         _lost_by_slurm(s, svc, job, att, saves, sj, now, plan, sj.reason)
+        return
+    if _boot_failure(cause, booting):
+        _boot_failed(s, svc, job, att, sj, now, plan, cause)
         return
     att.lost_s = _lost_s(att, saves)
     if att.state == AttemptState.MOVING and cause == "REQUEUED":
@@ -770,6 +811,7 @@ def _ran_again(
     mine = [r for r in rows if r.restarts == (att.slurm_restarts or 0) and r.end is not None]
     after = next(r for r in rows if r.restarts == restarts)
     last = mine[-1] if mine else None
+    booting = _seen_booting(att)
     if last is not None:
         _ended_as(att, last)
     att.ended_at = att.ended_at or _utc(after.start) or now
@@ -777,7 +819,10 @@ def _ran_again(
     cause = normalize_job_state(last.state_raw) if last is not None else "NODE_FAIL"
     partition = after.partition or att.partition or job.partition or ""
     capacity = Capacity(svc.settings.capacity_of(partition) or att.capacity)
-    if att.state == AttemptState.MOVING and cause == "REQUEUED":
+    if _boot_failure(cause, booting):
+        lifecycle.attempt_boot_failed(s, job, att, _boot_why(cause), now)
+        reason = f"boot failure on {att.nodes or '?'}; Slurm ran it again on {partition}"
+    elif att.state == AttemptState.MOVING and cause == "REQUEUED":
         lifecycle.attempt_moved(s, job, att, partition, now)
         reason = f"moved to {partition}"
     elif cause == "REQUEUED":
@@ -842,6 +887,70 @@ def _lost_by_slurm(
                   start_now=True, now=now, plan=plan)
     if sj is not None:
         _release_failure_hold(s, job, sj, now, plan)
+
+
+BOOT_FAILURE_CAUSES = ("NODE_FAIL", "BOOT_FAIL")
+"""How accounting ends a run whose node failed: before the program started, that is a boot failure."""
+BOOT_FAILURES_PER_NODE = 2
+"""Boot failures of one node for a job, after which the job is kept off that node."""
+NODES_EXCLUDED = "nodes_excluded"
+"""Event kind: a run kept off nodes that failed to boot for the job."""
+
+
+def _seen_booting(att: Attempt) -> bool:
+    """True when gbroker last saw the attempt's run waiting for its nodes to boot (CONFIGURING),
+    never running: call before the run's accounting row fills in its nodes."""
+    return att.state == AttemptState.PENDING and bool(att.nodes)
+
+
+def _boot_failure(cause: str, seen_booting: bool) -> bool:
+    """A run whose node never came up: Slurm says BOOT_FAIL, or NODE_FAIL of a run gbroker only
+    ever saw booting (Slurm's ResumeTimeout passed: node reason "ResumeTimeout reached", and the
+    batch script never started, so accounting has no batch step)."""
+    return cause == "BOOT_FAIL" or (cause == "NODE_FAIL" and seen_booting)
+
+
+def _boot_why(cause: str) -> str:
+    return f"Slurm gave up waiting for the boot and ended the run {cause}"
+
+
+def _boot_failed(
+    s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob | None, now: datetime, plan: TickPlan,
+    cause: str,
+) -> None:
+    """The run's node never came up: not a reclaim, no work lost, nothing charged; the job runs
+    again at once where it was placed (``sj``: the same Slurm job requeued, else a new submission),
+    kept off a node that has failed to boot for it ``BOOT_FAILURES_PER_NODE`` times."""
+    lifecycle.attempt_boot_failed(s, job, att, _boot_why(cause), now)
+    _next_attempt(s, svc, job, Capacity(att.capacity), f"boot failure on {att.nodes or '?'}; it runs again", sj,
+                  start_now=True, now=now, plan=plan, partition=att.partition)
+
+
+def _failed_boot_nodes(s: Session, job: Job) -> list[str]:
+    """The nodes that failed to boot for this job ``BOOT_FAILURES_PER_NODE`` times or more."""
+    counts: dict[str, int] = {}
+    for a in store.job_attempts(s, job.id):
+        if a.state == AttemptState.BOOT_FAILED:
+            for node in filter(None, (a.nodes or "").split(",")):
+                counts[node] = counts.get(node, 0) + 1
+    return sorted(n for n, c in counts.items() if c >= BOOT_FAILURES_PER_NODE)
+
+
+def _keep_off_failed_boots(s: Session, job: Job, att: Attempt, slurm_id: int, now: datetime,
+                           plan: TickPlan) -> None:
+    """Keep the waiting run off the nodes that keep failing to boot for the job (Slurm's
+    ExcNodeList), once per attempt: Slurm would otherwise wake the same broken node again."""
+    nodes = _failed_boot_nodes(s, job)
+    if not nodes:
+        return
+    message = (f"attempt {att.number} (Slurm job {slurm_id}) kept off {','.join(nodes)}: failed to boot "
+               f"for this job {BOOT_FAILURES_PER_NODE} times or more")
+    told = s.execute(select(Event.id).where(Event.job_id == job.id, Event.kind == NODES_EXCLUDED,
+                                            Event.message == message).limit(1)).first()
+    if told is not None:
+        return
+    plan.exclude.append((slurm_id, ",".join(nodes)))
+    store.add_event(s, NODES_EXCLUDED, message, now=now, job_id=job.id, data={"nodes": nodes})
 
 
 def _recover(
@@ -929,6 +1038,7 @@ def _next_attempt(
         if requeued.state == AttemptState.PENDING:
             if partition != requeued.partition:
                 plan.move.append((requeued.job_id, partition))
+            _keep_off_failed_boots(s, job, nxt, requeued.job_id, now, plan)
             if start_now:
                 plan.start_now.append(requeued.job_id)
         elif _started_again(requeued, job, nxt):
@@ -1006,6 +1116,8 @@ def _act(svc: Services, plan: TickPlan, now: datetime) -> None:
             svc.backend.release(plan.release)
         for slurm_id, partition in plan.move:
             svc.backend.update(slurm_id, partition=partition)
+        for slurm_id, nodes in plan.exclude:  # before the start: the run must not wake those nodes again
+            svc.backend.update(slurm_id, exclude_nodes=nodes)
         if plan.start_now:
             svc.backend.start_now(plan.start_now)
 
@@ -1058,5 +1170,6 @@ def _act_arrays(svc: Services, plan: arrays.ArrayPlan, now: datetime) -> None:
 def _mark_unknown(svc: Services, now: datetime, why: str) -> None:
     with svc.tx() as s:
         for job, _ in active_with_latest(s):
-            if job.state in (JobState.PENDING, JobState.RUNNING, JobState.HELD, JobState.RECOVERING):
+            if job.state in (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState.HELD,
+                             JobState.RECOVERING):
                 store.set_job_state(s, job, JobState.UNKNOWN, why, now=now)

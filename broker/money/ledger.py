@@ -206,6 +206,8 @@ def _charge_run(
     source = "sacct"
     if row.end is None or row.state not in ATTEMPT_TERMINAL:
         elapsed = 0  # accounting never closed this run: its elapsed time is not a figure to charge
+    if att is not None and att.state == AttemptState.BOOT_FAILED:
+        elapsed = 0  # its node never came up: accounting's time is the wait for a boot, not the job's
     lost_by_slurm = att is not None and att.state == AttemptState.LOST
     if lost_by_slurm and seen and seen > elapsed and att is not None and att.started_at is not None:
         # Slurm lost this run (a controller restart as it started) and accounting kept less

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 RECLAIM_KINDS = ("reclaimed", "preempted")
 MOVE_KINDS = ("fallback",)
+BOOT_FAILURE_KINDS = ("boot_failed",)
 
 
 class BrokerCollector(Collector):
@@ -117,6 +118,8 @@ class BrokerCollector(Collector):
 
         yield self._event_counter(s, "gbroker_reclaims_total", "Spot reclaims and preemptions of jobs' runs",
                                   RECLAIM_KINDS)
+        yield self._event_counter(s, "gbroker_boot_failures_total", "Runs whose node never came up (not "
+                                  "reclaims; nothing lost or charged)", BOOT_FAILURE_KINDS)
         yield self._event_counter(s, "gbroker_moves_total", "Jobs moved by gbroker (to on-demand for a deadline, "
                                   "onto capacity already paid for, or from on-demand back to spot)", MOVE_KINDS)
 

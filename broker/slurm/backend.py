@@ -44,6 +44,7 @@ UPDATE_FIELDS: dict[str, str] = {
     "constraint": "Features",
     "time_limit_s": "TimeLimit",
     "gpus_per_node": "Gres",
+    "exclude_nodes": "ExcNodeList",
 }
 """Fields :meth:`Backend.update` accepts, and the ``scontrol update job`` key for each."""
 
