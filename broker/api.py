@@ -323,6 +323,7 @@ class ApiServer:
             log.info("uid %s (pid %s): HTTP request refused (%s): %s", uid, pid, status, exc.message)
             self._send(conn, http_wire.response(status, http_wire.error_payload(exc),
                                                 exc.headers if isinstance(exc, http_wire.HttpError) else None))
+            self._linger(conn, deadline)
             return "http?"
         if routed.op is None:
             self._send(conn, http_wire.response(200, http_wire.openapi(sorted(self.handlers))))
@@ -366,6 +367,25 @@ class ApiServer:
             conn.sendall(data)
         except OSError as exc:
             log.info("could not deliver an answer: %s", exc)
+
+    def _linger(self, conn: socket.socket, deadline: float) -> None:
+        """After refusing a request not read to its end: say no more and read what the client still
+        sends (a second at most, within the drain bound), so closing does not reset the connection
+        before the client has read the answer (RFC 9112 9.6)."""
+        try:
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        until, budget = min(deadline, time.monotonic() + 1.0), self.limits.drain_max_bytes
+        while budget > 0 and time.monotonic() < until:
+            conn.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                chunk = conn.recv(min(65536, budget))
+            except OSError:
+                return
+            if not chunk:
+                return
+            budget -= len(chunk)
 
     @staticmethod
     def _drain(conn: socket.socket, deadline: float, budget: int) -> None:

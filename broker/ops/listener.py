@@ -72,9 +72,12 @@ def busy(text: str) -> bytes:
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
 
 
+ROOT_KEY = Peer("", 0).key
+
+
 class Slots:
     """Connections served now, counted per peer (``Peer.key``): at most ``per_peer`` for one, at
-    most ``total`` in all, and ``root_reserve`` more for root alone."""
+    most ``total`` in all, and ``root_reserve`` more that root's connections take first."""
 
     def __init__(self, total: int, per_peer: int, root_reserve: int) -> None:
         self.total, self.per_peer, self.root_reserve = total, per_peer, root_reserve
@@ -87,11 +90,15 @@ class Slots:
             if self._held[peer.key] >= self.per_peer:
                 return (f"too many connections from {peer.key} at once ({self.per_peer} at most): "
                         "try again when one has ended")
-            limit = self.total + (self.root_reserve if peer.uid == 0 else 0)
-            if sum(self._held.values()) >= limit:
+            if not (peer.uid == 0 and self._held[peer.key] < self.root_reserve) and self._shared() >= self.total:
                 return "too many connections at once: try again"
             self._held[peer.key] += 1
             return None
+
+    def _shared(self) -> int:
+        """Slots in use out of ``total``: everyone's, but root's first ``root_reserve``."""
+        root = self._held.get(ROOT_KEY, 0)
+        return sum(self._held.values()) - min(root, self.root_reserve)
 
     def give_back(self, peer: Peer) -> None:
         with self._lock:
