@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.db.models import Attempt, Event, Job
+from broker.states import JobState
 
 
 def _iso(dt: datetime | None) -> str | None:
@@ -107,6 +108,8 @@ def job_detail(session: Session, job: Job, now: datetime) -> dict[str, Any]:
         select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)
     ).scalars()
     out["attempts"] = [attempt_dict(a) for a in attempts]
+    if job.state == JobState.COMPLETING and out["attempts"] and out["attempts"][-1]["state"] in ("running", "moving"):
+        out["attempts"][-1]["state"] = "completing"  # as Slurm shows it; it holds its nodes until it has ended
     events = session.execute(
         select(Event).where(Event.job_id == job.id).order_by(Event.id)
     ).scalars()

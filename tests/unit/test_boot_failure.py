@@ -135,7 +135,7 @@ def test_a_run_slurm_is_ending_on_a_silent_node_reads_completing_not_running(wor
     assert (job["state"], job["reason"]) == (
         "completing", "completing on od1: Slurm is ending it and waits for od1, not responding; it ends when the "
         "node answers or Slurm gives up on it")
-    assert [a["state"] for a in job["attempts"]] == ["running"]  # it holds its node until Slurm says how it ended
+    assert [a["state"] for a in job["attempts"]] == ["completing"]  # shown as Slurm says; it still holds od1
     world.tick()
     assert [e["kind"] for e in show_job(world.svc, ROOT, out["id"])["events"]].count("completing") == 1
     assert len(asked) == 2  # one sinfo per tick, only while a job is completing
