@@ -70,6 +70,13 @@ def classify(ev: Event) -> list[str]:
 
 
 def job_payload(job: Job, event: str, message: str, at: datetime, currency: str) -> dict[str, Any]:
+    """A job's message as stored in the outbox.
+
+    ``text`` holds words gbroker did not write (the job's name, which its owner
+    can change in Slurm, a reason quoting it, user and group names) as they are:
+    each target's markup is applied once, at delivery (``broker.ops.markup``), so
+    rows queued before a markup rule changed are sent by the rule of the day.
+    """
     what = {
         "job.completed": "completed",
         "job.failed": "failed",

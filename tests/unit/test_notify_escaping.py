@@ -185,3 +185,69 @@ def test_the_webhook_text_is_escaped_and_the_raw_fields_stay(world: World) -> No
         srv.shutdown()
         srv.server_close()
 
+
+
+# -- the whole path: a renamed Slurm job's failure notice --------------------------------------
+RENAMED = "gb-x <!channel> <https://evil.example/login|gbroker: sign in again>"
+
+
+def _chat_hook(bodies: list[dict[str, Any]]) -> http.server.HTTPServer:
+    """A Slack-style receiver on loopback that keeps every body it is sent."""
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    return _server(Hook)
+
+
+def _as_slack_shows(text: str) -> str:
+    """What a reader sees of Slack's three entities."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def test_a_job_renamed_in_slurm_reaches_chat_as_text_and_an_ordinary_one_unchanged(world: World) -> None:
+    bodies: list[dict[str, Any]] = []
+    srv = _chat_hook(bodies)
+    try:
+        cfg = NotifySettings(targets=(Target("lab", "webhook", url=f"http://127.0.0.1:{srv.server_address[1]}/hook"),),
+                             subscriptions=(Subscription("lab", users=("alice",)),), timeout_seconds=2)
+        world.svc.settings = replace(world.svc.settings, notify=cfg)
+        hostile = world.submit(time="10m")["slurm_job_id"]
+        ordinary = world.submit(time="10m", name="train-1.v2_a")["slurm_job_id"]
+        world.tick()
+        # alice's `scontrol update JobId=... Name=... Comment=...`: the job is no longer gbroker's
+        world.slurm.jobs_by_id[hostile].name, world.slurm.jobs_by_id[hostile].comment = RENAMED, "mine-now"
+        world.slurm.start(ordinary)
+        world.tick()
+        world.advance(30)
+        world.slurm.finish(ordinary)
+        world.tick()  # gbroker fails the renamed job, its reason quoting the name; the other completes
+        outbox.tick(world.svc)
+        by_event = {b["job"]["id"]: b for b in bodies}
+        with world.svc.sessions() as s:
+            statuses = {m.status for m in s.execute(select(OutboxMessage)).scalars()}
+            rows = {m.event_id: json.loads(m.payload_json) for m in s.execute(select(OutboxMessage)).scalars()}
+        assert statuses == {"delivered"} and len(bodies) == 2
+        bad, good = by_event[1], by_event[2]
+        assert (bad["event"], good["event"]) == ("job.failed", "job.completed")
+        assert RENAMED in bad["message"]  # the reason quotes the name; the payload's own fields stay raw
+        assert "<!channel>" not in bad["text"], bad["text"]
+        assert "<https://" not in bad["text"] and "|gbroker: sign in again>" not in bad["text"], bad["text"]
+        assert "&lt;!channel&gt; &lt;https://evil.example/login|gbroker: sign in again&gt;" in bad["text"]
+        assert "&amp;lt;" not in bad["text"]  # escaped once
+        # An ordinary job's notice reads as gbroker wrote it: its name verbatim, and only its own
+        # "->" written as Slack's entity (which Slack shows as ->).
+        (queued,) = [p for p in rows.values() if p["job"]["id"] == 2]
+        assert "job 2 (train-1.v2_a, alice/vision) completed: running -&gt; completed" in good["text"], good["text"]
+        assert _as_slack_shows(good["text"]) == queued["text"]
+        assert _as_slack_shows(bad["text"]).count(RENAMED) == 1  # shown once, as the text it is
+    finally:
+        srv.shutdown()
+        srv.server_close()
