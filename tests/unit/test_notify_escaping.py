@@ -73,7 +73,8 @@ def world(tmp_path: Path) -> World:
     return w
 
 
-def test_a_webhook_answering_with_a_redirect_is_not_followed_and_not_delivered(world: World) -> None:
+def test_a_webhook_answering_with_a_redirect_is_not_followed_and_not_delivered(world: World,
+                                                                               caplog: pytest.LogCaptureFixture) -> None:
     inner_got: list[str] = []
     hook_got: list[dict[str, Any]] = []
 
@@ -116,7 +117,10 @@ def test_a_webhook_answering_with_a_redirect_is_not_followed_and_not_delivered(w
         world.advance(30)
         world.slurm.finish(a)
         world.tick()
-        outbox.tick(world.svc)
+        with caplog.at_level("WARNING", logger="broker.ops.outbox"):
+            outbox.tick(world.svc)
+        (logged,) = [r.getMessage() for r in caplog.records if r.name == "broker.ops.outbox"]
+        assert "failed (try 1 of 2)" in logged and "answered 302" in logged, logged
         with world.svc.sessions() as s:
             (m,) = s.execute(select(OutboxMessage)).scalars()
             assert (m.status, m.tries) == ("pending", 1)
