@@ -24,7 +24,7 @@ def devcluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("GBROKER_DEVCLUSTER_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("GBROKER_DEVCLUSTER_PORT_OFFSET", "0")
     monkeypatch.setenv("GBROKER_DEVCLUSTER_REGISTRY", str(tmp_path / "registry.json"))
-    loader = importlib.machinery.SourceFileLoader("devcluster_inst", str(REPO / "contrib/slurm/devcluster"))
+    loader = importlib.machinery.SourceFileLoader("devcluster_registry", str(REPO / "contrib/slurm/devcluster"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
