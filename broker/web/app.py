@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from broker.caller import Caller, Handler
 from broker.errors import BrokerError, ConfigError, NotFound, PermissionDenied
+from broker.http_fields import ascii_digits
 from broker.opsconfig import PROXY_SECRET_HOWTO
 from broker.state import Services
 from broker.states import JobState
@@ -90,9 +91,10 @@ def _query(raw: str, allowed: tuple[str, ...]) -> dict[str, str]:
 def _page_number(query: str) -> int:
     """``?page=N`` (1 when absent): a whole number, else a refusal saying so."""
     raw = _query(query, ("page",)).get("page", "1")
-    if not raw.isdigit() or len(raw) > 9 or int(raw) < 1:
+    page = ascii_digits(raw, 9)
+    if page is None or page < 1:
         raise BadRequest(f"page = {raw[:20]!r}: give a whole number from 1", hint="e.g. /admin/tokens?page=2")
-    return int(raw)
+    return page
 
 
 def read_proxy_secret(path: str) -> bytes:
@@ -237,9 +239,10 @@ class Dashboard:
         if path.startswith("/jobs/"):
             _query(query, ())
             raw = path.rsplit("/", 1)[1]
-            if not raw.isdigit() or len(raw) > 18:
+            job_id = ascii_digits(raw)
+            if job_id is None:
                 raise NotFound(f"no job {raw[:40]!r}", hint="job numbers are whole numbers: see /jobs")
-            job = self.ops["show"](caller, {"job_id": int(raw)})
+            job = self.ops["show"](caller, {"job_id": job_id})
             return _html(200, pages.job_page(job, caller.name, caller.is_admin))
         if path == "/spend":
             return _html(200, self.spend(caller, _query(query, ("semester",))))
@@ -291,9 +294,9 @@ class Dashboard:
 
     def nodes(self, caller: Caller, q: dict[str, str]) -> str:
         raw = q.get("days", "7")
-        if not raw.isdigit() or not 1 <= int(raw) <= 366:
+        days = ascii_digits(raw, 3)
+        if days is None or not 1 <= days <= 366:
             raise BadRequest(f"days = {raw[:20]!r}: give a whole number of days from 1 to 366", hint="e.g. /nodes?days=7")
-        days = int(raw)
         pools = self.ops["pools"](caller, {})["pools"]
         report = self.ops["node_report"](caller, {"since": f"-{days}d"})
         now = self.svc.clock.now()

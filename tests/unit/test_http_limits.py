@@ -328,3 +328,13 @@ def test_one_users_slow_connections_take_their_share_and_a_bounded_time(listener
         p.wait(10)
     with urllib.request.urlopen(base + "/healthz", timeout=5) as r:
         assert r.status == 200
+
+
+def test_the_dashboard_reads_its_numbers_the_same_way() -> None:
+    from broker.errors import BrokerError
+    from broker.web.app import _page_number
+
+    assert _page_number("page=3") == 3 and _page_number("") == 1
+    for raw in ("%C2%B2", "%D9%A3", "0", "1" * 10):  # '²' broke int() (500), '٣' was read as 3
+        with pytest.raises(BrokerError, match="give a whole number from 1"):
+            _page_number(f"page={raw}")
