@@ -269,6 +269,7 @@ def attempt_boot_failed(s: Session, job: Job, att: Attempt, why: str, now: datet
     ledger charges the run nothing; the caller opens the next attempt.
     """
     attempt_ended(att, AttemptState.BOOT_FAILED, outcome=f"boot failure: {why}", lost_s=0)
+    att.started_at = None  # accounting's start is the allocation: no run started (nor counts as spot exposure)
     store.add_event(s, BOOT_FAILED_EVENT, f"attempt {att.number}: {att.nodes or 'its node'} never came up ({why}); "
                     "the program never started, nothing lost or charged", now=now, job_id=job.id,
                     data={"nodes": att.nodes or ""})

@@ -61,7 +61,7 @@ def test_two_boot_failures_on_one_node_are_no_reclaims_cost_nothing_and_keep_the
     _boot_then_fail(world, sid, "spot1")
     job = show_job(world.svc, ROOT, out["id"])
     assert [a["state"] for a in job["attempts"]] == ["boot_failed", "pending"]
-    assert (job["reclaims"], job["attempts"][0]["lost_s"]) == (0, 0)
+    assert (job["reclaims"], job["attempts"][0]["lost_s"], job["attempts"][0]["started_at"]) == (0, 0, None)
     assert [e for e in job["events"] if e["kind"] == "boot_failed"][0]["message"].startswith(
         "attempt 1: spot1 never came up (Slurm gave up waiting for the boot and ended the run NODE_FAIL)")
     assert not [f for _, f in updates if "exclude_nodes" in f]  # one failure is no reason to avoid the node
