@@ -3,7 +3,7 @@
 A run whose node never came up (Slurm's ResumeTimeout: NODE_FAIL of a run gbroker only ever saw
 booting) is a boot failure: no reclaim, no lost work, no charge, and after two on one node the job is
 kept off it. A run Slurm is ending (COMPLETING) reads as completing, with its silent node named.
-The same on the real dev cluster: tests/integration/test_boot_failure.py.
+The same on the real dev cluster: tests/integration/test_node_boot_failure.py.
 """
 
 from __future__ import annotations
