@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-GB = os.environ.get("GBROKER_CLI", "/opt/gbroker/venv/bin/gbroker")
+GB = os.environ.get("DEMO_CLI", "/opt/gbroker/venv/bin/gbroker")
 SETTLING = frozenset({"power_down", "powering_down", "power_up", "powering_up"})
 """Flags of a node whose power state is on its way somewhere (sinfo StateComplete, lower case)."""
 T = TypeVar("T")
