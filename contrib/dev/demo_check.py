@@ -277,7 +277,7 @@ def cmd_moved_back(args: argparse.Namespace) -> str:
     from_step = resumed_from(args.result)
     if from_step <= 0:
         raise ClaimFalse(f"job {args.job}: its run on {args.to} started at step {from_step}, not from a checkpoint")
-    return f"{runs_of(j)}; resumed from step {from_step}"
+    return f"{runs_of(j)}; resumed from step {from_step}; the daemon: {said[-1]}"
 
 
 def cmd_ended(args: argparse.Namespace) -> str:
