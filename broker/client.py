@@ -376,6 +376,13 @@ class Job(Record):
             log=_opt_str(d, "log"), array=array if isinstance(array, dict) else None, raw=d,
         )
 
+    def log_for(self, piece: int | None = None) -> str:
+        """Where the job's output is (``piece``: that array piece's); SpecError when none is recorded."""
+        path = self.log if piece is None else self.piece_log(piece)
+        if not path:
+            raise SpecError(f"job {self.id} has no log recorded", hint="it was submitted before gbroker kept logs")
+        return path
+
     def piece_log(self, piece: int) -> str:
         """The log of an array's piece (its GBROKER_PIECE); SpecError when there is no such piece."""
         if self.array is None:
@@ -643,24 +650,27 @@ class Client:
 
     def log_path(self, job_id: int, piece: int | None = None) -> str:
         """Where a job's (or an array piece's) output is; the daemon says where, you read it."""
-        job = self.show(job_id)
-        path = job.log if piece is None else job.piece_log(piece)
-        if not path:
-            raise SpecError(f"job {job_id} has no log recorded", hint="it was submitted before gbroker kept logs")
-        return path
+        return self.show(job_id).log_for(piece)
 
     def logs(self, job_id: int, *, piece: int | None = None, attempt: int | None = None) -> str:
-        """A job's output so far, read with this process's rights (only its owner can);
-        ``attempt``: only that attempt's lines. Empty while the log does not exist yet."""
-        path = self.log_path(job_id, piece)
+        """A job's output so far, read as its owner (``broker.joblog.open_log``: only a regular
+        file of theirs, never through a link); ``attempt``: only that attempt's lines.
+        Empty while the log does not exist yet."""
+        from broker import joblog
+
+        job = self.show(job_id)
+        path = job.log_for(piece)
         try:
-            with open(path, "rb") as fh:
-                text = fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+            fd = joblog.open_log(path, job.owner, job.owner_uid)
+        except joblog.Unreadable as exc:
+            raise SpecError(f"job {job_id}: {exc}", hint="only the job's owner's own log file is shown") from None
         except OSError as exc:
             raise SpecError(f"cannot read {path}: {exc.strerror or exc}",
                             hint="only the job's owner may read its log") from None
+        if fd is None:
+            return ""
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read().decode("utf-8", "replace")
         if attempt is None:
             return text
         return "".join(attempt_lines(text.splitlines(keepends=True), attempt, shown=False)[0])

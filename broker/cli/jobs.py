@@ -511,7 +511,7 @@ def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, foll
 
     client = client_of(ctx)
     job = client.show(job_id)
-    path = _log_of(job, piece)
+    path = job.log_for(piece)
     printer = _LogPrinter(attempt, raw)
     fd: int | None = None
     offset = 0
@@ -544,13 +544,6 @@ def logs(ctx: Context, job_id: int, piece: int | None, attempt: int | None, foll
     finally:
         if fd is not None:
             os.close(fd)
-
-
-def _log_of(job: Job, piece: int | None) -> str:
-    path = job.log if piece is None else job.piece_log(piece)
-    if not path:
-        raise SpecError(f"job {job.id} has no log recorded", hint="it was submitted before gbroker kept logs")
-    return path
 
 
 def _open_log(path: str, job: Job) -> int | None:
