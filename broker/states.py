@@ -77,6 +77,10 @@ class AttemptState(str, Enum):
     """Its node never came up (Slurm gave up waiting for the boot, ResumeTimeout, and failed
     the run): the program never started. Neither a reclaim nor lost work, and not charged;
     the job runs again, kept off a node that failed to boot for it twice."""
+    WITHDRAWN = "withdrawn"
+    """Taken back to the queue, held, before it started: its group reached its budget while
+    its nodes booted, and gbroker requeued it held (a plain hold does not stop a job whose
+    nodes are allocated). No work was done; not charged."""
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
@@ -91,6 +95,7 @@ ATTEMPT_TERMINAL: frozenset[AttemptState] = frozenset(
         AttemptState.MOVED,
         AttemptState.LOST,
         AttemptState.BOOT_FAILED,
+        AttemptState.WITHDRAWN,
         AttemptState.CONTINUED,
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,

@@ -310,6 +310,8 @@ def budget_set(
     pending = "hold pending jobs" if b["hold_pending"] else "keep pending jobs queued"
     running = "cancel running jobs" if b["cancel_running"] else "let running jobs finish"
     click.echo(f"  at the limit: refuse new jobs, {pending}, {running}")
+    if b.get("held_now"):
+        click.echo(f"  {b['group']} is at its limit: {b['held_now']} of its waiting jobs held now")
 
 
 @budget.command("show")

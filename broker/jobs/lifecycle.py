@@ -275,6 +275,17 @@ def attempt_boot_failed(s: Session, job: Job, att: Attempt, why: str, now: datet
                     data={"nodes": att.nodes or ""})
 
 
+def attempt_withdrawn(s: Session, job: Job, att: Attempt, now: datetime) -> None:
+    """The attempt went back to the queue held before its program started (its group reached
+    its budget while its nodes booted): nothing ran, nothing is lost or charged. The
+    caller opens the next attempt, which waits held on the same Slurm job."""
+    attempt_ended(att, AttemptState.WITHDRAWN, outcome="held at its group's budget before it started", lost_s=0)
+    att.started_at = None  # accounting's start is the allocation: no run started
+    store.add_event(s, AttemptState.WITHDRAWN.value,
+                    f"attempt {att.number}: its group reached its budget while {att.nodes or 'its nodes'} booted; "
+                    "back in the queue held before it started, nothing lost or charged", now=now, job_id=job.id)
+
+
 def attempt_continued(s: Session, job: Job, att: Attempt, how: str, now: datetime, *, limit: bool = True) -> bool:
     """The program stopped to go on in a new run (``how``): its work is kept, nothing was lost.
 

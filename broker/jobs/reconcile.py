@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session, lazyload
 
 from broker.db import store
+from broker.db.ledger_models import BudgetHold
 from broker.db.models import Attempt, Event, Job
 from broker.errors import BrokerError, SlurmError, SlurmUnavailable, SpecError
 from broker.money import budgets
@@ -58,7 +59,7 @@ from broker.slurm.backend import SacctRow, SlurmJob
 from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import FLAG_NOT_RESPONDING, is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
-from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, TERMINAL, AttemptState, JobState
+from broker.states import ATTEMPT_RUNNING, ATTEMPT_TERMINAL, BUDGET_HELD, TERMINAL, AttemptState, JobState
 from broker.market import ReclaimHistory, build_market
 from broker.money import pricebook
 from broker.money.pricebook import market_prices
@@ -770,6 +771,9 @@ def _requeued(
     if _boot_failure(cause, booting):
         _boot_failed(s, svc, job, att, sj, now, plan, cause)
         return
+    if cause == "REQUEUED" and _withdrawn_at_budget(s, job, att):
+        _withdrawn(s, svc, job, att, sj, now, plan)
+        return
     att.lost_s = _lost_s(att, saves)
     if att.state == AttemptState.MOVING and cause == "REQUEUED":
         # Our own requeue, not a reclaim: the next run is where the move placed the job.
@@ -901,6 +905,23 @@ def _seen_booting(att: Attempt) -> bool:
     """True when gbroker last saw the attempt's run waiting for its nodes to boot (CONFIGURING),
     never running: call before the run's accounting row fills in its nodes."""
     return att.state == AttemptState.PENDING and bool(att.nodes)
+
+
+def _withdrawn_at_budget(s: Session, job: Job, att: Attempt) -> bool:
+    """True when the ledger held this Slurm job for its group's budget and the hold is still on:
+    a requeue then is the ledger's own (``requeuehold`` of a job whose nodes were booting)."""
+    return s.execute(select(exists().where(
+        BudgetHold.job_id == job.id, BudgetHold.slurm_job_id == att.slurm_job_id,
+        BudgetHold.released_at.is_(None)))).scalar_one()
+
+
+def _withdrawn(s: Session, svc: Services, job: Job, att: Attempt, sj: SlurmJob, now: datetime,
+               plan: TickPlan) -> None:
+    """The run went back to the queue held before it started: the next attempt waits, held, on the same job."""
+    lifecycle.attempt_withdrawn(s, job, att, now)
+    _next_attempt(s, svc, job, Capacity(att.capacity), BUDGET_HELD, sj, start_now=False, now=now, plan=plan,
+                  partition=att.partition)
+    store.set_job_state(s, job, JobState.HELD, BUDGET_HELD, now=now)
 
 
 def _boot_failure(cause: str, seen_booting: bool) -> bool:

@@ -11,6 +11,7 @@ import csv
 import inspect
 import io
 import json
+import logging
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
@@ -27,11 +28,12 @@ from broker.db.ledger_models import Budget, Charge, GroupMember, LabGroup, Price
 from broker.errors import SpecError
 from broker.amount import format_money, parse_money
 from broker.money import budgets as B
-from broker.money import pricebook
+from broker.money import ledger, pricebook
 from broker.money import reporting
 from broker.money.pricing import ANY_PARTITION, CAPACITIES
 from broker.state import Services
 
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_THRESHOLD_PCT = 1000
@@ -46,13 +48,26 @@ def handlers(svc: Services) -> dict[str, Handler]:
                 return fn(s, svc, caller, svc.clock.now(), **args)
         return run
 
-    def write(fn: Callable[..., Any], what: str) -> Handler:
+    def write(fn: Callable[..., Any], what: str, then: Callable[[dict[str, Any]], None] | None = None) -> Handler:
         def run(caller: Caller, args: dict[str, Any]) -> Any:
             caller.require_admin(what)  # before anything else: the daemon decides, not the CLI
             _check_args(fn, args)
             with svc.tx() as s:
-                return fn(s, svc, caller, svc.clock.now(), **args)
+                out = fn(s, svc, caller, svc.clock.now(), **args)
+            if then is not None:
+                then(out)  # after the commit: what follows from the change, at once
+            return out
         return run
+
+    def enforce_at_once(out: dict[str, Any]) -> None:
+        """A budget cut holds the group's jobs before the answer, not at the next ledger tick:
+        Slurm may start a waiting job within seconds (docs/BUDGETS.md)."""
+        try:
+            plan = ledger.enforce_budgets(svc, svc.clock.now())
+        except Exception:  # the budget is stored; the ledger tick enforces it in a moment
+            log.exception("enforcing the budgets after a change failed; the ledger tick tries again")
+            return
+        out["held_now"] = len(plan.hold)
 
     return {
         "semester_add": write(semester_add, "adding a semester"),
@@ -65,7 +80,7 @@ def handlers(svc: Services) -> dict[str, Handler]:
         "price_set": write(price_set, "changing the price book"),
         "price_import": write(price_import, "importing prices"),
         "price_list": read(price_list),
-        "budget_set": write(budget_set, "setting budgets"),
+        "budget_set": write(budget_set, "setting budgets", then=enforce_at_once),
         "budget_list": read(budget_list),
         "report": read(report),
         "burndown": read(burndown),

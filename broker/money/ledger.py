@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -76,6 +77,8 @@ ELAPSED_TOLERANCE_S = 2
 """Beyond this, the charge's event notes that sacct and the daemon's own view of a run differ."""
 LOST_STATES = (AttemptState.RECLAIMED, AttemptState.PREEMPTED, AttemptState.MOVED, AttemptState.LOST)
 HOLDABLE = (JobState.PENDING, JobState.RECOVERING)
+NEVER_STARTED = (AttemptState.BOOT_FAILED, AttemptState.WITHDRAWN)
+"""Runs whose program never started: accounting counts their nodes' boot, which is not charged."""
 
 
 def ticks(svc: Services) -> list[tuple[str, Callable[[], None], float]]:
@@ -206,8 +209,8 @@ def _charge_run(
     source = "sacct"
     if row.end is None or row.state not in ATTEMPT_TERMINAL:
         elapsed = 0  # accounting never closed this run: its elapsed time is not a figure to charge
-    if att is not None and att.state == AttemptState.BOOT_FAILED:
-        elapsed = 0  # its node never came up: accounting's time is the wait for a boot, not the job's
+    if att is not None and att.state in NEVER_STARTED:
+        elapsed = 0  # its program never started: accounting's time is the wait for a boot, not the job's
     lost_by_slurm = att is not None and att.state == AttemptState.LOST
     if lost_by_slurm and seen and seen > elapsed and att is not None and att.started_at is not None:
         # Slurm lost this run (a controller restart as it started) and accounting kept less
@@ -360,7 +363,17 @@ class BudgetPlan:
     statuses: list[B.BudgetStatus] = field(default_factory=list)
 
 
+_ENFORCING = threading.Lock()
+"""One enforcement at a time: the ledger tick's and a budget change's would both record the same holds."""
+
+
 def enforce_budgets(svc: Services, now: datetime) -> BudgetPlan:
+    """Hold, release and cancel what the budgets say, now (the ledger tick, and each budget change)."""
+    with _ENFORCING:
+        return _enforce_budgets(svc, now)
+
+
+def _enforce_budgets(svc: Services, now: datetime) -> BudgetPlan:
     plan = BudgetPlan()
     with svc.tx() as s:
         _plan_budgets(s, svc, now, plan)
@@ -416,6 +429,7 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
         # ("Job has already finished"): the queue says whether its waiting tasks are held.
         failed -= _arrays_held(svc, failed)
         failed |= {sid for _, sid, _ in plan.hold if sid not in ok}
+        failed |= _withdraw_booting(svc, [sid for sid in to_hold if sid not in failed])
         with svc.tx() as s:
             for job_id, sid, _ in plan.hold:
                 row = s.get(BudgetHold, hold_ids[sid])
@@ -453,6 +467,27 @@ def _act_on_slurm(svc: Services, plan: BudgetPlan, hold_ids: dict[int, int], now
             raise
         except SlurmError as exc:  # what it did not cancel runs on; the next run to start is cancelled
             log.info("ledger: Slurm refused to cancel array tasks %s: %s", tasks, exc.stderr.strip() or exc.message)
+
+
+def _withdraw_booting(svc: Services, held: list[int]) -> set[int]:
+    """Of jobs just held, requeue held those Slurm had already given nodes to; the ids it could not stop.
+
+    ``scontrol hold`` succeeds on a job whose nodes are booting (CONFIGURING) but
+    leaves it allocated: it starts once they are up. Requeued held, it waits in
+    the queue unstarted (the reconcile tick closes that run as withdrawn, not
+    charged). A job Slurm already runs is not stopped here (``--at-limit-running``).
+    Arrays are left as the hold left them: their waiting tasks are held.
+    """
+    if not held:
+        return set()
+    wanted = set(held)
+    started = {sj.job_id: sj.state_raw for sj in svc.backend.jobs(job_ids=held)
+               if sj.job_id in wanted and sj.array_job_id is None and sj.state != AttemptState.PENDING}
+    booting = sorted(sid for sid, raw in started.items() if raw == "CONFIGURING")
+    failed = set(_slurm_each(svc.backend.requeue_hold, booting)) if booting else set()
+    if booting:
+        log.info("ledger: requeued held Slurm jobs %s (their nodes were booting)", sorted(set(booting) - failed))
+    return failed | (set(started) - set(booting))
 
 
 def _arrays_held(svc: Services, sids: set[int]) -> set[int]:
@@ -651,11 +686,12 @@ def _aware(dt: datetime) -> datetime:
 
 
 def _pending_in_slurm(s: Session, account: str) -> list[tuple[Job, int]]:
-    """Jobs waiting in the queue; not those whose nodes are booting (allocated: too late to hold)."""
+    """Jobs that have not started: waiting in the queue, or for their nodes to boot (those are
+    requeued held, ``_withdraw_booting``)."""
     return [
         (job, att.slurm_job_id)
         for job, att in _latest_attempts(s, account, HOLDABLE)
-        if att.slurm_job_id is not None and att.state == AttemptState.PENDING and not att.nodes
+        if att.slurm_job_id is not None and att.state == AttemptState.PENDING
     ]
 
 

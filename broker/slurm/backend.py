@@ -10,6 +10,8 @@
                         ├─ cancel/hold/release/requeue/start_now(ids)   ONE call per list
                         ├─ update(job_id, partition=...)
                         ├─ nodes()    -> [NodeInfo]   ONE sinfo call
+                        ├─ partitions() -> [PartitionInfo]  ONE scontrol call (kept a while:
+                        │                    partition_limits())
                         ├─ power_down/power_up(names)  ONE call per list
                         └─ ping()     -> bool
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from broker.errors import SpecError
+from broker.slurm.partitions import PartitionCache, PartitionInfo
 from broker.states import AttemptState, NodeState
 
 UPDATE_FIELDS: dict[str, str] = {
@@ -258,6 +261,11 @@ class Backend(abc.ABC):
     def requeue(self, job_ids: Iterable[int]) -> None:
         """Put running jobs back in the queue (a new attempt follows)."""
 
+    def requeue_hold(self, job_ids: Iterable[int]) -> None:
+        """Put jobs whose nodes are still booting (CONFIGURING) back in the queue, held: a plain
+        hold leaves such a job allocated, and it starts once the nodes are up."""
+        raise NotImplementedError(f"the {self.name} backend does not requeue jobs held")
+
     @abc.abstractmethod
     def start_now(self, job_ids: Iterable[int]) -> None:
         """Clear the begin time so requeued jobs may start at once (no 2-minute wait)."""
@@ -269,6 +277,27 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def nodes(self) -> list[NodeInfo]:
         """Every node, in one call."""
+
+    def partitions(self) -> list[PartitionInfo]:
+        """Every partition's limits (MaxTime, MaxNodes, MinNodes, State), in one call; [] when the
+        backend cannot tell (then placement knows no limits and Slurm's pending reason tells them)."""
+        return []
+
+    def partition_limits(self) -> dict[str, PartitionInfo]:
+        """``partitions()`` by name, as last read: read again when older than
+        ``broker.slurm.partitions.REFRESH_S`` (placement asks at every submission and move)."""
+        return self._partition_cache().get()
+
+    def known_partition_limits(self) -> dict[str, PartitionInfo]:
+        """The limits as last read, asking Slurm nothing ({} before the first read)."""
+        return self._partition_cache().known()
+
+    def _partition_cache(self) -> PartitionCache:
+        # Made on first use: subclasses need not call an __init__ of this class.
+        cache = self.__dict__.get("_partitions")
+        if cache is None:
+            cache = self.__dict__.setdefault("_partitions", PartitionCache(self.partitions))
+        return cache  # type: ignore[no-any-return]
 
     def gpus_in_use(self) -> dict[str, int]:
         """GPUs allocated to jobs now, per node, in one call; {} when the backend cannot tell."""

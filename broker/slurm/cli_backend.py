@@ -24,6 +24,7 @@ from broker.slurm.backend import (
     UPDATE_FIELDS, ArrayRow, Backend, NodeInfo, SacctRow, SlurmJob, StartedSubmit, SubmitRequest, time_limit_minutes,
 )
 from broker.slurm.hostlist import compress
+from broker.slurm.partitions import PartitionInfo
 from broker.slurm.runner import CompletedRun, RunFn, Runner, RunningCommand, clean_env
 
 if TYPE_CHECKING:
@@ -306,6 +307,10 @@ class CliBackend(Backend):
         )
         return parse.parse_sinfo(out)
 
+    def partitions(self) -> list[PartitionInfo]:
+        """``scontrol --all --oneliner show partition``: every partition, hidden ones too."""
+        return parse.parse_partitions(self._query(["scontrol", "--all", "--oneliner", "show", "partition"]))
+
     def gpus_in_use(self) -> dict[str, int]:
         out = self._query(
             ["sinfo", "--all", "--Node", "--noheader", f"--Format={parse.long_format(parse.GRES_USED_FIELDS)}"]
@@ -356,6 +361,9 @@ class CliBackend(Backend):
 
     def requeue(self, job_ids: Iterable[int]) -> None:
         self._job_list_command("requeue", job_ids)
+
+    def requeue_hold(self, job_ids: Iterable[int]) -> None:
+        self._job_list_command("requeuehold", job_ids)
 
     def _job_list_command(self, verb: str, job_ids: Iterable[int]) -> None:
         ids = _ids(job_ids)

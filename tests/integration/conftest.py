@@ -170,6 +170,13 @@ class SlurmCluster:
         if proc.returncode != 0:
             raise AssertionError(f"devcluster reclaim {node} failed: {proc.stdout}{proc.stderr}")
 
+    def slow_boot(self, node: str, seconds: int) -> None:
+        """The cloud takes ``seconds`` longer to boot ``node`` next time (0: as usual): its job waits CONFIGURING."""
+        proc = subprocess.run([str(self.devcluster), "slow-boot", node, str(seconds)], check=False,
+                              capture_output=True, text=True, env=self.env, timeout=30)
+        if proc.returncode != 0:
+            raise AssertionError(f"devcluster slow-boot {node} failed: {proc.stdout}{proc.stderr}")
+
     def wait_for(self, predicate: Callable[[], T], timeout: float, interval: float = 1.0,
                  what: str = "condition") -> T:
         """Poll until predicate() is truthy; return its value or fail with what we waited for."""

@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from broker_fixtures import SRC, BrokerDaemon, broker_daemon, public_dir, user_dir  # noqa: F401  (fixture)
+from broker_fixtures import (  # noqa: F401  (fixture)
+    SRC, BrokerDaemon, broker_daemon, nodes_up, power_down_idle, public_dir, user_dir,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -174,7 +176,9 @@ def test_two_groups_with_a_reclaim_ledger_equals_sacct(broker_daemon, slurm_clus
 
 # -- 2. the hard stop ----------------------------------------------------------------------------
 def _held_in_slurm(cluster: Any, slurm_id: int) -> bool:
-    return cluster.job_field(str(slurm_id), "Reason") in ("JobHeldAdmin", "JobHeldUser")
+    """Waiting in the queue, held: by ``scontrol hold``, or requeued held before it started."""
+    return (cluster.job_field(str(slurm_id), "JobState") == "PENDING"
+            and cluster.job_field(str(slurm_id), "Priority") == "0")
 
 
 def test_group_at_its_budget_is_stopped_other_group_unaffected_raise_releases(broker_daemon, slurm_cluster):
@@ -216,6 +220,70 @@ def test_group_at_its_budget_is_stopped_other_group_unaffected_raise_releases(br
         d.wait_job(j["id"], lambda x: x["state"] == "completed", timeout=240)
     events = [e["kind"] for e in d.show(pending[-1]["id"])["events"]]
     assert "budget_hold" in events and "budget_release" in events
+
+
+def test_a_budget_cut_holds_a_job_waiting_for_its_nodes_to_boot_and_one_in_the_queue_at_once(
+        broker_daemon, slurm_cluster):
+    """The report: a cut to $0.01 with two on-demand jobs waiting; both started seconds later.
+
+    One job's node is booting (CONFIGURING: ``scontrol hold`` leaves it allocated and it
+    starts once the node is up), the other waits in the queue behind it. Both are held
+    before the cut's answer comes back, stay held after the node is up, never run, and
+    the booting one's boot is not charged."""
+    d = broker_daemon
+    setup_lab(d)
+    power_down_idle(slurm_cluster, "ondemand")
+    for node in slurm_cluster.ondemand_nodes:
+        slurm_cluster.slow_boot(node, 20)  # a cloud slow to provision: the job waits CONFIGURING
+    try:
+        booting = submit(d, "--group", "vision", "--partition", "ondemand", "--gpus", "4", "--time", "2m",
+                         "--", "sleep", "3")
+        sid = booting["slurm_job_id"]
+        wait_for(f"Slurm job {sid} allocated, its node booting",
+                 lambda: slurm_cluster.job_field(str(sid), "JobState") == "CONFIGURING", 30, d, interval=0.2)
+        queued = submit(d, "--group", "vision", "--partition", "ondemand", "--nodes", "2", "--gpus", "4",
+                        "--time", "2m", "--", "sleep", "3")
+        cut = admin(d, "budget", "set", "vision", "--semester", SEMESTER, "--amount", "0.01", "--json").json()
+        assert cut["at_limit"] and cut["held_now"] == 2, cut
+        for j in (booting, queued):  # at once: the cut's answer came after the holds
+            assert _held_in_slurm(slurm_cluster, j["slurm_job_id"]), slurm_cluster.run(
+                ["scontrol", "-o", "show", "job", str(j["slurm_job_id"])]).stdout
+    finally:
+        for node in slurm_cluster.ondemand_nodes:
+            slurm_cluster.slow_boot(node, 0)
+    for j in (booting, queued):
+        d.wait_job(j["id"], lambda x: x["state"] == "held", timeout=30)
+    # Both on-demand nodes come up and sit idle; neither job starts on them.
+    names = ",".join(slurm_cluster.ondemand_nodes)
+    slurm_cluster.run(["scontrol", "update", f"nodename={names}", "state=power_up"], check=False)
+
+    def booted(node: str) -> bool:
+        state = slurm_cluster.node_state(node)
+        return "IDLE" in state and "POWERING_UP" not in state and "POWERED_DOWN" not in state
+
+    wait_for("both on-demand nodes up and idle", lambda: all(booted(n) for n in slurm_cluster.ondemand_nodes),
+             60, d, interval=0.5)
+    d.wait_job(booting["id"], lambda x: x["attempts"] and x["attempts"][0]["state"] != "pending", timeout=30)
+    for j in (booting, queued):
+        assert _held_in_slurm(slurm_cluster, j["slurm_job_id"]), "started after the cut"
+    first = d.show(booting["id"])["attempts"][0]
+    assert first["state"] == "withdrawn", d.show(booting["id"])
+    # Raising the budget releases both; they run to the end, and only their real runs are charged.
+    admin(d, "budget", "set", "vision", "--semester", SEMESTER, "--amount", "100")
+    for j in (booting, queued):
+        d.wait_job(j["id"], lambda x: x["state"] == "completed", timeout=240)
+    ids = [booting["slurm_job_id"], queued["slurm_job_id"]]
+    rows = sacct_runs(slurm_cluster, ids)
+    requeued = [r for r in rows if r["State"] == "REQUEUED" and r["JobID"] == str(sid)]
+    assert requeued, rows  # accounting's run of the boot that was stopped
+    ran = [r for r in rows if r["State"] == "COMPLETED"]
+    assert len(ran) == 2, rows
+    def charged() -> int:
+        return sum(c["amount_micros"] for c in ledger(d) if c["slurm_job_id"] in ids)
+
+    # Both real runs charged, to the micro-unit, and nothing for the boot that was stopped.
+    wait_for("both runs charged", lambda: budget(d, "vision")["reserved_micros"] == 0 and charged(), 90, d)
+    assert charged() == sacct_cost(ran) > 0, (charged(), rows)
 
 
 # -- 3. twenty at once ----------------------------------------------------------------------------
