@@ -361,7 +361,9 @@ def _store_prices(s: Session, rows: list[Price], caller: Caller, now: datetime) 
             raise SpecError(
                 f"{row.partition} ({row.capacity}): charges were already made at the old price until "
                 f"{_iso(charged_after)}; a price cannot take effect before that ({_iso(row.effective_at)})",
-                hint=f"use an effective time after {_iso(charged_after)}, e.g. now",
+                hint=f"give --from {_iso(charged_after)} or later"
+                     + (", e.g. now" if now >= charged_after else
+                        " (charges run past now when billing rounds a run up, or a run is charged ahead)"),
             )
         s.add(row)
         added.append(row)

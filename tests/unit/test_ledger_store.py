@@ -203,9 +203,35 @@ def test_a_price_cannot_take_effect_over_time_already_charged(db_url: str) -> No
     w.advance(60)
     w.slurm.finish(sid)
     w.tick()
-    with pytest.raises(SpecError, match="already made at the old price"):
+    with pytest.raises(SpecError, match="already made at the old price") as refused:
         w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9", "effective": "2026-09-15"})
+    assert refused.value.hint.startswith("give --from 2026-10-01T08:01:00Z or later, e.g. now"), refused.value.hint
     w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9", "effective": "now"})
+
+
+def test_a_refused_price_time_never_suggests_a_time_that_is_refused_too(db_url: str) -> None:
+    """Charged time can run past now (billing rounds a run up): the hint names the first time that works."""
+    w = World(db_url)
+    setup_lab(w.svc)
+    sid = w.submit()["slurm_job_id"]
+    w.tick()
+    w.slurm.start(sid)
+    w.advance(60)
+    w.slurm.finish(sid)
+    w.tick()
+    with w.svc.tx() as s:
+        line = s.execute(select(Charge)).scalars().first()
+        assert line is not None
+        ahead = {c.key: getattr(line, c.key) for c in Charge.__table__.columns if c.key != "id"}
+        end = w.svc.clock.now() + timedelta(minutes=59)
+        ahead.update(line_key=line.line_key + "-ahead", period_start=line.period_end, period_end=end)
+        s.add(Charge(**ahead))
+    with pytest.raises(SpecError, match="already made at the old price") as refused:
+        w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9", "effective": "now"})
+    hint = refused.value.hint
+    assert "e.g. now" not in hint and hint.startswith(f"give --from {end:%Y-%m-%dT%H:%M:%SZ} or later"), hint
+    w.ops()["price_set"](ROOT, {"partition": "spot", "capacity": "spot", "price": "9",
+                                "effective": f"{end:%Y-%m-%dT%H:%M:%SZ}"})
 
 
 def test_many_ended_jobs_cost_one_sacct_call(db_url: str) -> None:
