@@ -249,6 +249,8 @@ def _print_plan(plan: Plan, cautions: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"  budget    {budget.get('left_after')} of {budget.get('amount')} in {budget.get('semester')} "
                    "would be left, with this job's estimate reserved")
     click.echo(f"  Slurm     {plan.slurm}")
+    for pool, why in (raw.get("partition_limits") or {}).items():
+        click.echo(f"  skipped   {pool}: {why}")
     if plan.note:
         click.echo(f"  note: {plan.note}")
     for caution in said:
@@ -328,6 +330,8 @@ def status(ctx: Context, all_users: bool, as_json: bool, **filters: Any) -> None
     else:
         print_table(_job_rows(jobs), _JOB_HEADERS)
         _progress_lines(jobs)
+        for j in (j for j in jobs if j.state in ("pending", "held") and j.reason):
+            click.echo(f"  job {j.id} {j.state}: {j.reason}")
 
 
 def _progress_lines(jobs: list[Job]) -> None:

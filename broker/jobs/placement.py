@@ -17,7 +17,7 @@ from broker.db.models import Attempt
 from broker.errors import SpecError
 from broker.market import ReclaimHistory
 from broker.money.pricing import PriceBook
-from broker.pools import Pool, fitting, refusal
+from broker.pools import Pool, fitting, limits_hint, partition_refuses, refusal
 from broker.slurm.hostlist import expand
 from broker.spec import JobSpec
 from broker.state import Services
@@ -60,7 +60,34 @@ def fitting_pools(svc: Services, spec: JobSpec) -> list[Pool]:
     if not ok:
         raise SpecError(refusal(why), hint="ask for less (gpu, gpu_mem_gb, GPUs per node, nodes, cpus, mem), "
                         "or see `gbroker pools` for what each pool has; nothing was stored")
-    return ok
+    return within_partition_limits(svc, spec, ok, why)
+
+
+def within_partition_limits(svc: Services, spec: JobSpec, pools: list[Pool], why: dict[str, str]) -> list[Pool]:
+    """The pools whose Slurm partition would start the job (its time limit within MaxTime, its nodes
+    within MinNodes..MaxNodes), in the same order; none: refused, naming each limit and what to do.
+
+    Slurm takes such a job and leaves it pending for ever (PartitionTimeLimit), so a pool
+    that cannot take it is skipped here, for a submission and for a move alike. The limits
+    are the Slurm layer's, read at most every 30 s (``Backend.partition_limits``)."""
+    over = refused_by_limits(svc, spec, pools)
+    takes = [p for p in pools if p.name not in over]
+    if not takes:
+        limits = svc.backend.partition_limits()
+        known = [limits[p.partition] for p in pools if p.partition in limits]
+        raise SpecError(refusal({**over, **why}), hint=limits_hint(known, spec.time_limit_s, spec.nodes))
+    return takes
+
+
+def refused_by_limits(svc: Services, spec: JobSpec, pools: Sequence[Pool]) -> dict[str, str]:
+    """Pool name -> why its partition would never start the job (MaxTime, MaxNodes, MinNodes, State)."""
+    limits = svc.backend.partition_limits()
+    over = {}
+    for p in pools:
+        reason = partition_refuses(limits.get(p.partition), spec.time_limit_s, spec.nodes)
+        if reason is not None:
+            over[p.name] = reason
+    return over
 
 
 def gres_type_for(spec: JobSpec, pool: Pool | None) -> str | None:

@@ -56,6 +56,7 @@ from broker.jobs.submit import (
 from broker.userfiles import SaveFacts
 from broker.checkpoint.manifest import RESUME_EXIT
 from broker.slurm.backend import SacctRow, SlurmJob
+from broker.slurm.reasons import pending_in_words
 from broker.slurm.script import TIMED_OUT_EXIT
 from broker.slurm.statemap import FLAG_NOT_RESPONDING, is_failure_hold, normalize_job_state
 from broker.spec import JobSpec
@@ -64,6 +65,7 @@ from broker.market import ReclaimHistory, build_market
 from broker.money import pricebook
 from broker.money.pricebook import market_prices
 from broker.pools import PREPAID as PREPAID_CLASSES
+from broker.pools import partition_refuses
 from policies import PREPAID, Action, Capacity, Decision, JobView, Placement
 
 log = logging.getLogger(__name__)
@@ -393,7 +395,7 @@ def _follow(
         if att.number > 1:  # a resubmission after boot failures starts with no exclusion of its own
             _keep_off_failed_boots(s, job, att, sj.job_id, now, plan)
         held = "held" in (sj.reason or "").lower()
-        _move(s, job, JobState.HELD if held else JobState.PENDING, sj.reason or "", now)
+        _move(s, job, JobState.HELD if held else JobState.PENDING, _pending_reason(svc, job, sj, held), now)
         if not held and job.deadline is not None and att.capacity in (Capacity.SPOT, *PREPAID):
             _deadline_fallback(s, svc, job, att, sj, now, plan)
         if not held and att.capacity == Capacity.SPOT and svc.settings.pools:
@@ -409,6 +411,17 @@ def _follow(
             plan.start_now.append(sj.job_id)
     elif sj.state == AttemptState.UNKNOWN:
         _move(s, job, JobState.UNKNOWN, f"Slurm state {sj.state_raw}", now)
+
+
+def _pending_reason(svc: Services, job: Job, sj: SlurmJob, held: bool) -> str:
+    """Slurm's reason for the pending job, in words (``broker.slurm.reasons``), from this tick's
+    queue row and the partition limits as last read (no Slurm call). A job gbroker itself
+    holds for its group's budget keeps that reason: Slurm only says JobHeldAdmin."""
+    if held and job.state == JobState.HELD and (job.reason or "").startswith(BUDGET_HELD):
+        return job.reason or ""
+    limits = svc.backend.known_partition_limits().get(sj.partition)
+    return pending_in_words(sj.reason or "", partition=sj.partition, job_id=sj.job_id,
+                            time_limit_s=sj.time_limit_s, limits=limits)
 
 
 MAX_FAILURE_RELEASES = 3
@@ -554,18 +567,24 @@ def _deadline_while_running(
         return
     if _quota_holds(s, job, now, "it keeps running on spot"):
         return
-    lifecycle.attempt_moving(s, job, att, _cheapest_ondemand(svc, spec), placement.reason, now)
+    target = _cheapest_ondemand(svc, spec)
+    if target is None:
+        return  # no on-demand partition would start it (its limits): it keeps running on spot
+    lifecycle.attempt_moving(s, job, att, target, placement.reason, now)
     plan.off_spot.append(sj.job_id)
 
 
-def _cheapest_ondemand(svc: Services, spec: JobSpec) -> str:
-    """The partition of the cheapest on-demand pool that fits the job (the first on-demand pool otherwise)."""
+def _cheapest_ondemand(svc: Services, spec: JobSpec) -> str | None:
+    """The partition of the cheapest on-demand pool that fits the job (the first on-demand pool otherwise);
+    None when that one's Slurm limits (MaxTime, MaxNodes) would never start it."""
     try:
         fit = [p for p in fitting_pools(svc, spec) if p.capacity == "ondemand"]
     except SpecError:
         fit = []
     if not fit:
-        return svc.settings.partition_for("ondemand")
+        first = svc.settings.partition_for("ondemand")
+        limits = svc.backend.partition_limits().get(first)
+        return None if partition_refuses(limits, spec.time_limit_s, spec.nodes) else first
     prices = svc.market.pool_prices
     return min(fit, key=lambda p: (prices.get(p.name, 0) / p.speed, p.name)).partition
 

@@ -33,7 +33,7 @@ from broker.state import Services, must_get
 from broker.db.array_models import ArrayBatch
 from broker.jobs import arrays, lifecycle
 from broker.jobs.chains import chain_blocks, check_after
-from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools
+from broker.jobs.placement import fitting_pools, gres_type_for, job_view, place_in_pools, refused_by_limits
 from broker.jobs.views import job_summary, summary_of
 from broker.pools import Pool
 from broker.slurm.backend import StartedSubmit, SubmitRequest
@@ -190,6 +190,9 @@ def plan(svc: Services, caller: Caller, spec_data: Any) -> dict[str, Any]:
         },
         "slurm": slurm,
     }
+    skipped = refused_by_limits(svc, spec, svc.settings.catalog().pools)
+    if skipped:  # placed elsewhere: say which pools' Slurm limits would never have started it
+        answer["partition_limits"] = skipped
     if admission.note:
         answer["note"] = admission.note
     return _with_cautions(answer, spec)

@@ -32,6 +32,7 @@ from typing import Any
 from broker.durations import parse_duration
 from broker.slurm import hostlist, statemap
 from broker.slurm.backend import NodeInfo, SacctRow, SlurmJob
+from broker.slurm.partitions import PartitionInfo
 
 log = logging.getLogger(__name__)
 
@@ -379,3 +380,36 @@ def parse_sbatch_parsable(stdout: str) -> int:
     if not head.isdigit():
         raise ValueError(f"sbatch printed no job id: {stdout!r}")
     return int(head)
+
+
+def parse_partitions(stdout: str) -> list[PartitionInfo]:
+    """``scontrol --oneliner show partition``: one partition a line, ``Key=Value`` pairs.
+
+    Only what an admin wrote in slurm.conf is there (no user's text), and no value has a
+    space. A line without a name, or with a limit that does not read, is skipped with a warning.
+    """
+    out = []
+    for line in stdout.splitlines():
+        fields = dict(pair.partition("=")[::2] for pair in line.split())
+        name = fields.get("PartitionName", "").strip()
+        if not name:
+            continue
+        try:
+            out.append(PartitionInfo(
+                name=name,
+                max_time_s=parse_duration_s(fields.get("MaxTime", "UNLIMITED")),
+                max_nodes=_count(fields.get("MaxNodes", "UNLIMITED")),
+                min_nodes=_count(fields.get("MinNodes", "0")) or 0,
+                state=fields.get("State", "UP").strip().upper(),
+            ))
+        except ValueError as exc:
+            log.warning("unreadable partition %s (%s); its limits are not used", name, exc)
+    return out
+
+
+def _count(value: str) -> int | None:
+    """A node count of ``scontrol show partition``; UNLIMITED -> None."""
+    v = value.strip()
+    if v.upper() in ("UNLIMITED", "INFINITE") or v.lower() in _NO_VALUE:
+        return None
+    return int(v)
