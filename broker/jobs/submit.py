@@ -675,6 +675,9 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
             # a real submission would wait for them. Let sbatch decide.
             log.info("pre-flight for %s inconclusive: %s", caller.name, _slurm_reason(exc))
             return f"no refusal (sbatch --test-only: {_slurm_reason(exc)}; a submission waits for nodes)"
+        if "invalid account" in (exc.stderr or exc.message).lower():
+            raise SpecError(f"Slurm refuses this job: {_slurm_reason(exc)} (--group {spec.group})",
+                            hint=_group_hint(svc, caller, spec.group)) from None
         raise SpecError(
             f"Slurm refuses this job: {_slurm_reason(exc)}",
             hint=f"check --group (your Slurm account; `sacctmgr show assoc user={caller.name}` lists yours) "
@@ -682,6 +685,21 @@ def preflight(svc: Services, caller: Caller, spec: JobSpec, partition: str, capa
         ) from None
     remember_pass(cache, cache_key, now)
     return f"accepted (sbatch --test-only as {caller.name})"
+
+
+def _group_hint(svc: Services, caller: Caller, group: str) -> str:
+    """What to give as --group instead: the caller's lab groups, the closest first."""
+    from difflib import get_close_matches
+
+    from broker.money.budgets import visible_groups
+
+    with svc.sessions() as s:
+        mine = [g.name for g in visible_groups(s, caller)]
+    close = get_close_matches(group, mine, n=1, cutoff=0.6)
+    listed = f"your groups: {', '.join(mine[:20])}; " if mine else ""
+    return ((f"did you mean --group {close[0]}? " if close else "") + listed
+            + f"`sacctmgr show assoc user={caller.name} format=account` lists your Slurm accounts; "
+            "nothing was submitted")
 
 
 def _slurm_reason(exc: SlurmError) -> str:

@@ -387,6 +387,8 @@ def test_a_dry_run_asks_slurm_as_the_user_says_the_cost_and_queues_nothing(broke
     admin(d, "quota", "set", "vision", "--gpus", "2")
     for args, code, said in (
         (("--group", "nosuchacct", "--time", "1m"), 2, "Slurm refuses this job: allocation failure: Invalid account"),
+        (("--group", "visoin", "--time", "1m"), 2, "(--group visoin)\n  hint: did you mean --group vision? your "
+                                                   "groups: vision; `sacctmgr show assoc user=alice"),
         (("--group", "climate", "--time", "1m"), 2, "Slurm refuses this job: allocation failure: Invalid account"),
         (("--group", "vision", "--gpus", "2", "--time", "10m"), 5, "this job is estimated at $1.20 on spot"),
         (("--group", "vision", "--gpus", "3", "--time", "1m"), 5, "quota is 2 GPUs at once"),
