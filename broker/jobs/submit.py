@@ -116,11 +116,12 @@ def submit(svc: Services, caller: Caller, spec_data: Any, key: Any = None, log: 
 def _parse(svc: Services, spec_data: Any, now: datetime) -> JobSpec:
     if not isinstance(spec_data, dict):
         raise SpecError("the job spec must be a table of fields")
+    largest = svc.settings.catalog().largest_gpus_per_node()  # what the pools' nodes have, when they all say
     return spec_from_dict(
         spec_data,
         now=now,
         partitions=svc.settings.partitions,
-        max_gpus_per_node=svc.settings.max_gpus_per_node,
+        max_gpus_per_node=min(largest, svc.settings.max_gpus_per_node) if largest else svc.settings.max_gpus_per_node,
         max_nodes=svc.settings.max_nodes,
     )
 

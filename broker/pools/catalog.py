@@ -268,6 +268,11 @@ class Catalog:
     def partitions(self) -> tuple[str, ...]:
         return tuple(p.partition for p in self.pools)
 
+    def largest_gpus_per_node(self) -> int | None:
+        """The most GPUs a node of any pool has; None when a pool does not say (then any count may fit)."""
+        counts = [p.gpus_per_node for p in self.pools]
+        return max(c for c in counts if c is not None) if counts and None not in counts else None
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.pools)

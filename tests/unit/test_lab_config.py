@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,25 @@ def test_devcluster_compresses_hostlists_as_slurm_reads_them(devcluster: Any, na
                                                              text: str) -> None:
     assert devcluster.compress_names(names) == text
     assert sorted(expand(text)) == sorted(names)
+
+
+def test_more_gpus_per_node_than_any_lab_node_has_is_refused_with_the_lab_s_largest() -> None:
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from broker.errors import SpecError
+    from broker.jobs.submit import _parse
+
+    s = load_settings(LAB, env={})
+    assert s.catalog().largest_gpus_per_node() == 4 < s.max_gpus_per_node
+    svc: Any = SimpleNamespace(settings=s)
+    now = datetime(2026, 10, 1, tzinfo=UTC)
+    spec = {"command": ["sleep", "1"], "group": "vision", "time_limit": "1m"}
+    assert _parse(svc, {**spec, "gpus_per_node": 4}, now).gpus_per_node == 4
+    with pytest.raises(SpecError, match=r"at most 4 \(the largest node has that many GPUs\), got 64"):
+        _parse(svc, {**spec, "gpus_per_node": 64}, now)
+    # A pool that does not say how many GPUs its nodes have leaves the configured limit.
+    s = replace(s, pools=(*s.pools[:-1], replace(s.pools[-1], gpus_per_node=None)))
+    assert s.catalog().largest_gpus_per_node() is None
+    with pytest.raises(SpecError, match=rf"at most {s.max_gpus_per_node} "):
+        _parse(SimpleNamespace(settings=s), {**spec, "gpus_per_node": 64}, now)  # type: ignore[arg-type]
