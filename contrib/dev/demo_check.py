@@ -127,6 +127,28 @@ def wait_census(partition: str, field: str, want: int, timeout: float = 60) -> N
 
 # --- the checks --------------------------------------------------------------------------------
 
+def cmd_clean_slate(args: argparse.Namespace) -> str:
+    """Start from what a finished run leaves: no job of the daemon's still active, no zone left out.
+
+    An earlier run that was interrupted (Ctrl-C) leaves its jobs running and a zone
+    drained; the steps after this one would then tell another story."""
+    active = [int(j["id"]) for j in json.loads(run([GB, "status", "--all", "--json"]))]
+    if active:
+        run([GB, "cancel", *map(str, active)])
+        for job_id in active:
+            wait_job(job_id, {"cancelled", "completed", "failed", "timeout", "deadline_missed"}, 120)
+    handed_back = []
+    for partition in args.zones:
+        names = partition_nodes(partition)
+        out = [n for n, (f, _) in node_states(names).items() if f & {"drain", "down"}]
+        if out:
+            cmd_zone_back(argparse.Namespace(partition=partition))
+            handed_back.append(partition)
+    said = [f"cancelled {len(active)} jobs an earlier run left" if active else "",
+            f"handed {', '.join(handed_back)} back to the cloud pool" if handed_back else ""]
+    return "; ".join(x for x in said if x) or "nothing left by an earlier run"
+
+
 def cmd_owned_first(args: argparse.Namespace) -> str:
     """The blockers run on the owned pool, and gbroker's census sees it full."""
     for jid in args.jobs:
@@ -321,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
 
     jid = (("job",), {"type": int})
     wait = (("--timeout",), {"type": float, "default": 300})
+    add("clean-slate", cmd_clean_slate, (("zones",), {"nargs": "*"}))
     add("owned-first", cmd_owned_first, (("jobs",), {"type": int, "nargs": "+"}))
     add("placed", cmd_placed, jid, (("--partition",), {"required": True}))
     add("running", cmd_running, jid, wait, (("--attempts",), {"type": int, "default": 0}),
