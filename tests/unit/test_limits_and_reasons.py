@@ -174,9 +174,12 @@ def test_a_job_pending_on_a_lowered_limit_shows_slurms_reason_in_words(world: Wo
     out = world.submit(time="2h")
     assert out["capacity"] == "spot"
     limit(world, spot=3600)
+    reads: list[int] = []
+    world.slurm.partitions = lambda: reads.append(1) or [PartitionInfo("spot", max_time_s=3600)]  # type: ignore[method-assign,func-returns-value]
     world.slurm.jobs_by_id[out["slurm_job_id"]].reason = "PartitionTimeLimit"
-    world.svc.backend.partition_limits()  # what placement read last: the tick itself asks Slurm nothing more
+    world.svc.backend.partition_limits()  # what placement read last
     world.tick()
+    assert reads == [1]  # the tick's words cost no Slurm call
     job = show_job(world.svc, ROOT, out["id"])
     assert job["state"] == "pending" and job["reason"] == (
         "waiting: the job's time limit (2:00:00) is above partition spot's MaxTime (1:00:00); it will not start "
@@ -194,3 +197,16 @@ def test_a_deadline_job_is_not_moved_to_an_ondemand_partition_that_would_never_s
         world.advance(15)
         world.tick()
     assert world.slurm.jobs_by_id[out["slurm_job_id"]].partition == "spot"
+
+
+def test_a_job_held_at_its_groups_budget_keeps_gbrokers_reason_over_slurms_hold(world: World) -> None:
+    from broker.states import BUDGET_HELD
+
+    out = world.submit(gpus=1)
+    world.tick()
+    world.ops()["budget_set"](ROOT, {"group": "vision", "semester": "2026-fall", "amount": "0.01"})
+    for _ in range(3):  # Slurm says JobHeldAdmin at every tick after the hold
+        world.tick()
+    job = show_job(world.svc, ROOT, out["id"])
+    assert world.slurm.jobs_by_id[out["slurm_job_id"]].held
+    assert (job["state"], job["reason"]) == ("held", BUDGET_HELD), job["reason"]
