@@ -15,7 +15,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from broker.db.models import NAME_LEN, Base
+from broker.db import models as _models  # noqa: F401  (the jobs table their foreign keys name)
+from broker.db.base import NAME_LEN, Base
 from broker.db.types import EnumText
 from broker.states import PieceState
 from policies.base import Capacity

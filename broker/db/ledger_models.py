@@ -38,7 +38,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from broker.db.models import NAME_LEN, AppendOnlyError, Base
+from broker.db import models as _models  # noqa: F401  (the jobs table their foreign keys name)
+from broker.db.base import NAME_LEN, AppendOnlyError, Base
 
 TAG_USEFUL = "useful"
 """Work that survived: the run completed, or was saved by a checkpoint before a reclaim."""

@@ -16,34 +16,17 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
     event,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from broker.db.types import EnumText, UTCDateTime
+from broker.db.base import NAME_LEN, AppendOnlyError, Base
+from broker.db.types import EnumText
 from broker.states import AttemptState, JobState
 from policies.base import Capacity
-
-# Stable constraint names, so later migrations (and SQLite batch moves) can name them.
-NAMING_CONVENTION = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-NAME_LEN = 64
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime()}  # noqa: RUF012 (SQLAlchemy reads it)
-
 
 class Job(Base):
     """One gbroker job: what was asked (spec_json) and where it stands now."""
@@ -163,18 +146,8 @@ class Lease(Base):
     expires_at: Mapped[datetime]
 
 
-class AppendOnlyError(RuntimeError):
-    """An event row was about to be changed or deleted."""
-
-
 @event.listens_for(Event, "before_update")
 @event.listens_for(Event, "before_delete")
 def _events_are_append_only(_mapper: Any, _conn: Any, target: Event) -> None:
     # The database refuses too (triggers in the first migration); this catches it before the round trip.
     raise AppendOnlyError(f"events are append-only; refusing to change event {target.id}")
-
-from broker.db import ledger_models as _ledger_models  # noqa: F401,E402  (money tables on the same metadata)
-from broker.db import node_models as _node_models  # noqa: F401,E402  (node billing tables on the same metadata)
-from broker.db import ops_models as _ops_models  # noqa: F401,E402  (the notification outbox on the same metadata)
-from broker.db import array_models as _array_models  # noqa: F401,E402  (array pieces on the same metadata)
-from broker.db import web_models as _web_models  # noqa: F401,E402  (dashboard sign-in tokens on the same metadata)

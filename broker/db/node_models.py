@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from broker.db.models import NAME_LEN, Base
+from broker.db.base import NAME_LEN, Base
 
 KEY_LEN = 64
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from broker.db.models import NAME_LEN, Base
+from broker.db.base import NAME_LEN, Base
 
 OUTBOX_PENDING = "pending"
 OUTBOX_DELIVERED = "delivered"

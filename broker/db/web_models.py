@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from broker.db.models import NAME_LEN, Base
+from broker.db.base import NAME_LEN, Base
 
 
 class WebToken(Base):

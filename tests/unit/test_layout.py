@@ -37,26 +37,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
 """Imports of a higher layer that the code has today."""
 
 KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("broker.db.models", "broker.db.ledger_models"): (
-        "imported at the end of models.py so Base.metadata holds the money tables; ledger_models "
-        "imports Base from models"
-    ),
-    ("broker.db.models", "broker.db.node_models"): (
-        "imported at the end of models.py so Base.metadata holds the node tables; node_models "
-        "imports Base from models"
-    ),
-    ("broker.db.models", "broker.db.ops_models"): (
-        "imported at the end of models.py so Base.metadata holds the outbox tables; ops_models "
-        "imports Base from models"
-    ),
-    ("broker.db.models", "broker.db.web_models"): (
-        "imported at the end of models.py so Base.metadata holds the dashboard's token table; web_models "
-        "imports Base from models"
-    ),
-    ("broker.db.models", "broker.db.array_models"): (
-        "imported at the end of models.py so Base.metadata holds the array tables; array_models "
-        "imports Base from models"
-    ),
     ("broker.cli.main", "broker.cli.jobs"): (
         "main() imports the job commands (lazily) to register them on the `cli` group they import"
     ),

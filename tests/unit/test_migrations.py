@@ -20,7 +20,7 @@ from sqlalchemy import Column, Integer, MetaData, String, inspect, text
 
 from broker.db.engine import make_engine
 from broker.db.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
-from broker.db.models import Base
+from broker.db.schema import metadata
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -67,13 +67,13 @@ def test_fresh_database_reaches_head(db_url: str) -> None:
 
 
 def test_models_match_migrations(migrated_url: str) -> None:
-    assert schema_diff(migrated_url, Base.metadata) == []
+    assert schema_diff(migrated_url, metadata) == []
 
 
 def test_the_comparison_would_see_a_difference(migrated_url: str) -> None:
     """Guard against a vacuous check: a model that drifts from the migration must show up."""
-    drifted = MetaData(naming_convention=Base.metadata.naming_convention)
-    for table in Base.metadata.sorted_tables:
+    drifted = MetaData(naming_convention=metadata.naming_convention)
+    for table in metadata.sorted_tables:
         copy = table.to_metadata(drifted)
         if table.name == "jobs":
             copy.append_column(Column("colour", String(10), nullable=True))
@@ -106,7 +106,7 @@ def test_two_daemons_migrating_at_once(db_url: str) -> None:
     assert all(p.returncode == 0 for p in procs), [err for _, err in results]
     assert [out.strip() for out, _ in results] == [head_revision()] * 2
     assert current_revision(db_url) == head_revision()
-    assert schema_diff(db_url, Base.metadata) == []
+    assert schema_diff(db_url, metadata) == []
 
 
 def test_threads_in_one_process_take_turns(db_url: str) -> None:
@@ -138,7 +138,7 @@ def test_downgrade_and_upgrade_again(migrated_url: str) -> None:
     finally:
         engine.dispose()
     upgrade_to_head(migrated_url)
-    assert schema_diff(migrated_url, Base.metadata) == []
+    assert schema_diff(migrated_url, metadata) == []
 
 
 @pytest.mark.parametrize("url", ["sqlite:////nonexistent/x.db", "postgresql://gbroker@db.invalid/gbroker"])

@@ -14,13 +14,13 @@ from alembic import context
 from sqlalchemy import text
 
 from broker.db.engine import SQLITE_BEGIN_OPTION, make_engine
-from broker.db.models import Base
+from broker.db.schema import metadata
 
 # Any constant; it only has to be the same for every gbroker process.
 PG_MIGRATION_LOCK_KEY = 0x6762726F6B6572  # "gbroker"
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def _url() -> str:
