@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from broker.errors import BrokerError
 from broker.http_fields import HttpError as HttpError  # the servers catch it as http_wire's
 from broker.http_fields import content_length, whole_number
+from broker.spec_schema import anchored, job_spec_schema
 
 API_VERSION = "v1"
 MAX_HEAD_BYTES = 64 * 1024
@@ -300,8 +301,8 @@ def openapi(ops: Sequence[str]) -> dict[str, Any]:
         if params:
             item["parameters"] = params
         if r.body:
-            item["requestBody"] = {"required": r.op == "submit",
-                                   "content": {"application/json": {"schema": {"type": "object"}}}}
+            body = {"$ref": "#/components/schemas/SubmitRequest"} if r.op == "submit" else {"type": "object"}
+            item["requestBody"] = {"required": r.op == "submit", "content": {"application/json": {"schema": body}}}
         paths.setdefault(r.pattern, {})[r.method.lower()] = item
     paths[OPENAPI_PATH] = {"get": {"summary": "This document", "operationId": "get_openapi",
                                    "responses": {"200": {"description": "OpenAPI 3.1",
@@ -318,5 +319,19 @@ def openapi(ops: Sequence[str]) -> dict[str, Any]:
             "type": "object", "required": ["error"],
             "properties": {"error": {"type": "object", "properties": {
                 "type": {"type": "string"}, "message": {"type": "string"}, "hint": {"type": "string"},
-                "exit_code": {"type": "integer"}}}}}}},
+                "exit_code": {"type": "integer"}}}}},
+            "SubmitRequest": submit_request_schema(), "JobSpec": job_spec_schema()}},
     }
+
+
+def submit_request_schema() -> dict[str, Any]:
+    """The body of ``POST /v1/jobs`` as ``_submit_args`` reads it: the spec, and the key the daemon checks."""
+    from broker.jobs.submit import KEY_RE  # here, not at the top: only the document needs it
+
+    key = {"type": "string", "pattern": anchored(KEY_RE.pattern.removeprefix("^").removesuffix("$")),
+           "description": "the idempotency key: the same key sent again returns the job it made the first "
+                          "time; leave it out and the daemon makes one ('gb-' and 8-40 lower-case letters or "
+                          "digits)"}
+    return {"type": "object", "required": ["spec"], "additionalProperties": False,
+            "properties": {"spec": {"$ref": "#/components/schemas/JobSpec"}, "key": key},
+            "description": "A job to submit (POST /v1/ops/submit takes the same fields and a log)"}
