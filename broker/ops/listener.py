@@ -79,8 +79,11 @@ class Slots:
     """Connections served now, counted per peer (``Peer.key``): at most ``per_peer`` for one, at
     most ``total`` in all, and ``root_reserve`` more that root's connections take first."""
 
-    def __init__(self, total: int, per_peer: int, root_reserve: int) -> None:
+    def __init__(self, total: int, per_peer: int, root_reserve: int,
+                 refused: Callable[[str], None] = lambda why: None) -> None:
         self.total, self.per_peer, self.root_reserve = total, per_peer, root_reserve
+        self.refused = refused
+        """Told each refusal's kind: ``per_peer`` (one peer's share) or ``full`` (every shared slot taken)."""
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()
 
@@ -88,9 +91,11 @@ class Slots:
         """Take a slot for ``peer``; None when taken, else why not (the 503's text)."""
         with self._lock:
             if self._held[peer.key] >= self.per_peer:
+                self.refused("per_peer")
                 return (f"too many connections from {peer.key} at once ({self.per_peer} at most): "
                         "try again when one has ended")
             if not (peer.uid == 0 and self._held[peer.key] < self.root_reserve) and self._shared() >= self.total:
+                self.refused("full")
                 return "too many connections at once: try again"
             self._held[peer.key] += 1
             return None
@@ -168,7 +173,7 @@ class OpsListener:
             shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise ConfigError(f"cannot listen on {shown} for metrics: {exc.strerror or exc}",
                               hint="another program has the port: pick another [metrics] listen, or stop it") from None
-        self.server.slots = Slots(max_connections, max_per_peer, root_reserve)
+        self.server.slots = Slots(max_connections, max_per_peer, root_reserve, stats.connection_refused)
         self.thread: threading.Thread | None = None
 
     @property

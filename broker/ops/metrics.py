@@ -83,7 +83,14 @@ class BrokerCollector(Collector):
                 calls.add_metric([call], n)
             for (call, kind), n in sorted(self.stats.slurm_errors.items()):
                 errs.add_metric([call, kind], n)
-        yield from (calls, errs)
+        refused = CounterMetricFamily(
+            "gbroker_ops_connections_refused_total",
+            "Connections the metrics/dashboard listener answered 503 at once: per_peer (one user's share "
+            "of its slots taken), full (every shared slot taken)", labels=["why"])
+        with self.stats.lock:
+            for why in ("per_peer", "full"):
+                refused.add_metric([why], self.stats.connections_refused.get(why, 0))
+        yield from (calls, errs, refused)
         reach = GaugeMetricFamily("gbroker_slurm_up", "1 when the Slurm controller answered the last tick")
         reach.add_metric([], 1 if self.svc.slurm_down_since is None else 0)
         held = GaugeMetricFamily("gbroker_lease_held", "1 when this daemon holds the single-writer lease")

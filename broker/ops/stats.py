@@ -38,6 +38,8 @@ class DaemonStats:
     ticks: dict[str, TickStat] = field(default_factory=dict)
     slurm_calls: Counter[str] = field(default_factory=Counter)
     slurm_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    connections_refused: Counter[str] = field(default_factory=Counter)
+    """Connections the ops listener answered 503 at once, by why (``Slots``: per_peer, full)."""
     holder: str = ""
     lease_renewed_mono: float | None = None
     lease_lost: bool = False
@@ -97,6 +99,10 @@ class DaemonStats:
             if self.lease_lost or self.lease_renewed_mono is None:
                 return None
             return self.clock() - self.lease_renewed_mono
+
+    def connection_refused(self, why: str) -> None:
+        with self.lock:
+            self.connections_refused[why] += 1
 
     # -- Slurm calls ------------------------------------------------------------
     def slurm_call(self, call: str, error: BaseException | None) -> None:

@@ -213,7 +213,8 @@ def test_a_peer_not_named_by_the_kernel_counts_by_its_address(monkeypatch: pytes
 
 # -- the listener's slots ------------------------------------------------------------
 def test_one_peer_holds_at_most_its_share_and_root_keeps_a_reserve() -> None:
-    slots = Slots(total=6, per_peer=2, root_reserve=1)
+    told: list[str] = []
+    slots = Slots(total=6, per_peer=2, root_reserve=1, refused=told.append)
     alice, bob, carol, root = (Peer("127.0.0.1", u) for u in (1001, 1002, 1003, 0))
     assert [slots.take(alice) for _ in range(2)] == [None, None]
     assert "from uid 1001 at once (2 at most)" in (slots.take(alice) or "")
@@ -224,6 +225,7 @@ def test_one_peer_holds_at_most_its_share_and_root_keeps_a_reserve() -> None:
     slots.give_back(alice)
     assert slots.take(Peer("10.0.0.5", None)) is None
     assert slots.held() == {"uid 1001": 1, "uid 1002": 2, "uid 1003": 2, "uid 0": 1, "address 10.0.0.5": 1}
+    assert told == ["per_peer", "full", "full"]  # alice's third; the stranger, and root past its reserve
 
 
 def _fake_world() -> Any:
@@ -312,9 +314,11 @@ def test_one_users_slow_connections_take_their_share_and_a_bounded_time(listener
     try:
         assert p.stdout is not None and p.stdout.readline() == "open\n"
         until = time.monotonic() + 5
-        while listener.server.slots.held().get("uid 1001", 0) < 2 and time.monotonic() < until:
+        while (listener.server.slots.held().get("uid 1001", 0) < 2 or not listener.stats.connections_refused) \
+                and time.monotonic() < until:
             time.sleep(0.01)
         assert listener.server.slots.held() == {"uid 1001": 2}  # her third was answered 503
+        assert listener.stats.connections_refused == {"per_peer": 1}  # and counted (the metric's figure)
         with urllib.request.urlopen(base + "/healthz", timeout=5) as r:  # root, on the shared slots
             assert r.status == 200
         # Her heads never end: the head deadline (1 s here) gives the slots back.
