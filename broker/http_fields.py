@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 
 from broker.errors import BrokerError
 
+MAX_HEAD_BYTES = 64 * 1024
+"""A request's line and headers together, on every server of the daemon: one byte more is answered 431."""
 MAX_DIGITS = 18
 """Any 18-digit number fits a signed 64-bit column (job ids, limits, lengths)."""
 

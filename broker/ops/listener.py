@@ -32,7 +32,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.errors import ConfigError
-from broker.http_fields import HttpError, content_length
+from broker.http_fields import MAX_HEAD_BYTES, HttpError, content_length
 from broker.ops.health import readiness
 from broker.ops.metrics import registry
 from broker.ops.peers import Peer, peer_of
@@ -63,6 +63,36 @@ LISTEN_BACKLOG = 128
 """Connections the kernel queues before they are accepted (socketserver's default is 5: a burst
 of an attacker's connects would drop others' SYNs)."""
 FORM_MAX_BYTES = 65536
+
+
+class HeadTooLarge(Exception):
+    """The request line and headers passed ``MAX_HEAD_BYTES`` before their blank line."""
+
+
+class _HeadBudget:
+    """The connection's reader, counting what the head takes: http.server bounds each line
+    (64 KiB) and their number (100), not their sum, so one head could hold 6.4 MB. One
+    request per connection (HTTP/1.0 answers): the first blank line after the request
+    line ends the head, and what follows is the body's, read as it is."""
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self.inner, self.left, self.lines, self.in_head = inner, limit, 0, True
+
+    def readline(self, size: int = -1) -> bytes:
+        if not self.in_head:
+            return bytes(self.inner.readline(size))
+        want = self.left + 1 if size < 0 else min(size, self.left + 1)
+        line = bytes(self.inner.readline(want))
+        self.left -= len(line)
+        if self.left < 0:
+            raise HeadTooLarge()
+        self.lines += 1
+        if self.lines > 1 and line in (b"\r\n", b"\n"):
+            self.in_head = False
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def busy(text: str) -> bytes:
@@ -204,6 +234,7 @@ def _handler(app: OpsListener, timeout_s: float, head_s: float, deadline_s: floa
 
         def setup(self) -> None:
             super().setup()
+            self.rfile = _HeadBudget(self.rfile, MAX_HEAD_BYTES)  # type: ignore[assignment]
             # A client that trickles a byte before each timeout would keep its slot for ever.
             self._accepted = time.monotonic()
             self._head_in, self._over = threading.Event(), threading.Event()
@@ -227,6 +258,17 @@ def _handler(app: OpsListener, timeout_s: float, head_s: float, deadline_s: floa
             parsed = super().parse_request()
             self._head_in.set()
             return parsed
+
+        def handle_one_request(self) -> None:
+            try:
+                super().handle_one_request()
+            except HeadTooLarge:
+                log.info("ops http %s: refused (431): the request head is over %d bytes", self.client_address[0],
+                         MAX_HEAD_BYTES)
+                self.close_connection = True
+                self.requestline, self.request_version, self.command = "", "HTTP/1.0", ""
+                self._send(431, f"the request head is over {MAX_HEAD_BYTES} bytes\n".encode(),
+                           "text/plain; charset=utf-8")
 
         def finish(self) -> None:
             self._head_in.set()

@@ -296,6 +296,19 @@ def test_the_listener_answers_a_bad_form_length_and_a_bug(listener: Any, monkeyp
     assert any(r.exc_info and "GET /readyz failed" in r.getMessage() for r in caplog.records)
 
 
+def test_the_listener_holds_the_head_limit_over_all_its_lines(listener: Any) -> None:
+    """http.server bounds each header line and their number, not their sum: 90 lines of 1,000
+    bytes is a head of 90 KB, past the 64 KiB every gbroker listener takes."""
+    line = b"X-Pad: " + b"a" * 991 + b"\r\n"  # 1,000 bytes
+    code, body = post(listener, b"GET /healthz HTTP/1.1\r\n" + line * 90 + b"\r\n")
+    assert code == 431 and b"over 65536 bytes" in body
+    assert post(listener, b"GET /healthz HTTP/1.1\r\n" + line * 60 + b"\r\n")[0] == 200
+    # A form's body is not the head's: a 60 KB form after a short head is read as it is.
+    form = b"token=" + b"x" * 60_000
+    assert post(listener, b"POST /login HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(form), form)) == \
+        (200, b"form of %d bytes\n" % len(form))
+
+
 SLOW_AS = r"""
 import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
