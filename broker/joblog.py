@@ -195,8 +195,12 @@ def _check(fd: int, path: str, who: pwd.struct_passwd) -> None:
 
 
 # -- showing it on a terminal ------------------------------------------------------------------
-_SHOWN_AS_IS = re.compile("[^\x00-\x08\x0b-\x1f\x7f-\x9f\udc80-\udcff]*")
-_ESCAPED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\udc80-\udcff]")
+_ESCAPED_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\udc80-\udcff"
+"""C0 and C1 controls but newline and tab; the bidirectional marks, embeddings, overrides and
+isolates (a job could print text that reads one way and is another, as in "Trojan Source");
+bytes that are not UTF-8."""
+_SHOWN_AS_IS = re.compile(f"[^{_ESCAPED_CHARS}]*")
+_ESCAPED = re.compile(f"[{_ESCAPED_CHARS}]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -207,8 +211,9 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def shown(text: str) -> str:
-    """``text`` with its control characters escaped (ESC as ``\\x1b``, C1 as ``\\u009b``, a byte that is
-    not UTF-8 as ``\\xNN``); newlines and tabs stay. Decode with ``surrogateescape`` for the bytes."""
+    """``text`` with its control characters escaped (ESC as ``\\x1b``, C1 as ``\\u009b``, a bidi
+    override as ``\\u202e``, a byte that is not UTF-8 as ``\\xNN``); newlines and tabs stay.
+    Decode with ``surrogateescape`` for the bytes."""
     if _SHOWN_AS_IS.fullmatch(text):
         return text
     return _ESCAPED.sub(_escape, text)

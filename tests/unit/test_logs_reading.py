@@ -81,6 +81,10 @@ def test_shown_escapes_controls_and_bytes_that_are_not_utf8() -> None:
     assert joblog.shown(raw.decode("utf-8", "surrogateescape")) == \
         "ok\tü\n\\x1b]0;T\\x07\\x1b[2J\\x0d\\x00\\x7f\\u009b\\xff"
     assert joblog.shown("plain text\n") == "plain text\n"
+    # Text that reads one way and is another ("Trojan Source"): the bidi controls show escaped.
+    trojan = "rm -rf \u202e/ pmt/\u202c ok \u2066x\u2069 \u200f"
+    assert joblog.shown(trojan) == "rm -rf \\u202e/ pmt/\\u202c ok \\u2066x\\u2069 \\u200f"
+    assert joblog.shown("שלום, 日本語, é\n") == "שלום, 日本語, é\n"  # right-to-left letters themselves stay
 
 
 def _job(log: str) -> dict[str, Any]:
