@@ -23,13 +23,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from broker.errors import BrokerError
 from broker.http_fields import HttpError as HttpError  # the servers catch it as http_wire's
+from broker.http_fields import MAX_HEAD_BYTES as MAX_HEAD_BYTES  # the socket's server reads it here
 from broker.http_fields import content_length, whole_number
 from broker.spec_schema import anchored, job_spec_schema
 
 API_VERSION = "v1"
-MAX_HEAD_BYTES = 64 * 1024
-"""The request line and the header lines, each with its line ending, and the empty line that ends
-them: a head of exactly this many bytes is read, one byte more is refused with 431."""
+# MAX_HEAD_BYTES (broker.http_fields, for both servers): the request line and the header lines, each
+# with its line ending, and the empty line that ends them: a head of exactly that many bytes is read,
+# one byte more is refused with 431.
 _HEAD_END = re.compile(rb"\n\r?\n")
 METHODS = ("GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS")
 _REQUEST_LINE = re.compile(rb"^([A-Z]{3,7}) (\S{1,8192}) HTTP/1\.[01]\r?\n$")
@@ -171,12 +172,18 @@ def _list_args(_: Mapping[str, str], q: Mapping[str, list[str]], __: Any) -> dic
 
 def _submit_args(_: Mapping[str, str], __: Mapping[str, list[str]], body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or "spec" not in body:
-        raise HttpError(400, 'the body must be a JSON object {"spec": {...}, "key": "..."}',
-                        hint="key is the idempotency key: the same key returns the same job")
-    unknown = sorted(set(body) - {"spec", "key"})
+        raise HttpError(400, 'the body must be a JSON object {"spec": {...}, "key": "...", "log": "..."}',
+                        hint="key is the idempotency key: the same key returns the same job; log, the job's "
+                             "log you made (key and log may be left out)")
+    unknown = sorted(set(body) - set(SUBMIT_FIELDS))
     if unknown:
-        raise HttpError(400, f"unknown field(s) in the body: {', '.join(unknown)}")
-    return {"spec": body["spec"], **({"key": body["key"]} if "key" in body else {})}
+        raise HttpError(400, f"unknown field(s) in the body: {', '.join(unknown)}",
+                        hint=f"it takes: {', '.join(SUBMIT_FIELDS)}")
+    return {k: body[k] for k in SUBMIT_FIELDS if k in body}
+
+
+SUBMIT_FIELDS = ("spec", "key", "log")
+"""What a ``POST /v1/jobs`` body may hold: the submit operation's arguments."""
 
 
 def _body_args(_: Mapping[str, str], __: Mapping[str, list[str]], body: Any) -> dict[str, Any]:
@@ -292,7 +299,8 @@ def openapi(ops: Sequence[str]) -> dict[str, Any]:
             "operationId": f"{r.method.lower()}_{(r.op or 'op')}",
             "responses": {"200": {"description": "the operation's result (as the CLI's --json shows it)",
                                   "content": {"application/json": {"schema": {}}}},
-                          "400": error, "403": error, "404": error, "409": error, "503": error},
+                          "400": error, "403": error, "404": error, "409": error, "413": error,
+                          "431": error, "500": error, "503": error},
         }
         params = [{"name": name[1:-1], "in": "path", "required": True,
                    "schema": {"type": "string", **({"enum": sorted(ops)} if name == "{op}" else {})}}
@@ -332,6 +340,10 @@ def submit_request_schema() -> dict[str, Any]:
            "description": "the idempotency key: the same key sent again returns the job it made the first "
                           "time; leave it out and the daemon makes one ('gb-' and 8-40 lower-case letters or "
                           "digits)"}
+    log = {"type": "string", "description": "the job's log, made by the caller in the job's workdir as "
+                                            "gbroker-<name>-XXXXXX.out (six random letters or digits); the "
+                                            "daemon refuses any other path and opens none. Left out, the "
+                                            "daemon makes it, as the caller"}
     return {"type": "object", "required": ["spec"], "additionalProperties": False,
-            "properties": {"spec": {"$ref": "#/components/schemas/JobSpec"}, "key": key},
-            "description": "A job to submit (POST /v1/ops/submit takes the same fields and a log)"}
+            "properties": {"spec": {"$ref": "#/components/schemas/JobSpec"}, "key": key, "log": log},
+            "description": "A job to submit (POST /v1/ops/submit takes the same fields)"}

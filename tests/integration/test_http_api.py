@@ -64,7 +64,7 @@ def test_curl_reads_the_callers_own_jobs_and_is_refused_anyone_elses(broker_daem
             code, answer = curl(d, "alice", "/v1/jobs", "-H", "Content-Type: application/json",
                                 "--data", json.dumps({"spec": {**spec, "name": "sleep"}, "key": "gb-httplog1",
                                                       "log": log}))
-            assert code == 400 and "log" in answer["error"]["message"], (log, answer)
+            assert code == 400 and "is not a log made for job sleep" in answer["error"]["message"], (log, answer)
         code, made = curl(d, "alice", "/v1/jobs", "-H", "Content-Type: application/json",
                           "--data", json.dumps({"spec": spec, "key": "gb-httpone1"}))
         assert code == 200, made

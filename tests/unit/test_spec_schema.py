@@ -383,7 +383,9 @@ def test_the_served_document_gives_the_schema_for_a_submission():
     ({"spec": base(), "key": "gb-123"}, False),
     ({"spec": base(), "key": 12345678}, False),
     ({"key": "gb-0123abcd"}, False),
-    ({"spec": base(), "log": "/home/ana/gbroker-train-llm-abcdef.out"}, False),
+    ({"spec": base(), "log": "/home/ana/gbroker-train-llm-abcdef.out"}, True),  # the daemon checks the name
+    ({"spec": base(), "log": 7}, False),
+    ({"spec": base(), "owner": "carol"}, False),
     ({"spec": with_(colour="blue"), "key": "gb-0123abcd"}, False),
 ])
 def test_the_envelope_in_the_document_is_the_one_the_daemon_reads(body: dict[str, Any], ok: bool):
@@ -391,8 +393,9 @@ def test_the_envelope_in_the_document_is_the_one_the_daemon_reads(body: dict[str
     try:
         args = hw.route(hw.parse_head(b"POST /v1/jobs HTTP/1.1\r\n\r\n"), json.dumps(body).encode(), ["submit"]).args
         daemon_parse(args["spec"])
-        key = args.get("key")
+        key, log = args.get("key"), args.get("log", "")
         assert key is None or (isinstance(key, str) and KEY_RE.fullmatch(key) is not None)
+        assert isinstance(log, str)  # which path is the daemon's to check, as the caller
     except (hw.HttpError, SpecError, AssertionError):
         assert not ok, body
     else:
