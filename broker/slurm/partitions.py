@@ -53,7 +53,9 @@ class PartitionInfo:
 class PartitionCache:
     """The last partitions read through ``read`` (a backend's ``partitions``), refreshed every
     :data:`REFRESH_S` seconds at most. Thread-safe: submissions ask from several threads, and
-    one read serves them all."""
+    one read serves them all. The read runs outside the lock: while it is under way (a
+    controller that hangs, up to its query timeout) the others go on with the limits last
+    read (none before the first read) instead of waiting for it."""
 
     def __init__(self, read: Callable[[], Iterable[PartitionInfo]], *,
                  refresh_s: float = REFRESH_S, clock: Callable[[], float] = time.monotonic) -> None:
@@ -61,25 +63,35 @@ class PartitionCache:
         self._lock = threading.Lock()
         self._known: dict[str, PartitionInfo] = {}
         self._next_read = float("-inf")
+        self._reading = False
 
     def get(self) -> dict[str, PartitionInfo]:
-        """Every partition's limits by name, read afresh when the last read is old."""
+        """Every partition's limits by name, read afresh when the last read is old (by this
+        thread; another one reading already: what was read last)."""
         with self._lock:
-            now = self._clock()
-            if now >= self._next_read:
-                self._refresh(now)
-            return self._known
+            if self._reading or self._clock() < self._next_read:
+                return self._known
+            self._reading = True
+        try:
+            self._refresh()
+        finally:
+            with self._lock:
+                self._reading = False
+        return self.known()
 
     def known(self) -> dict[str, PartitionInfo]:
         """The limits as last read, without asking Slurm (the reconcile tick's words for a reason)."""
         with self._lock:
             return self._known
 
-    def _refresh(self, now: float) -> None:
+    def _refresh(self) -> None:
         try:
-            self._known = {p.name: p for p in self._read()}
+            fresh = {p.name: p for p in self._read()}
         except SlurmError as exc:  # unavailable or refused: keep what was known, try again soon
             log.info("partition limits not read (%s); using the last ones read", exc)
-            self._next_read = now + RETRY_S
+            with self._lock:
+                self._next_read = self._clock() + RETRY_S
             return
-        self._next_read = now + self._refresh_s
+        with self._lock:
+            self._known = fresh
+            self._next_read = self._clock() + self._refresh_s

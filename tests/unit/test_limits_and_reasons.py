@@ -78,6 +78,35 @@ def test_the_cache_reads_once_per_refresh_and_keeps_the_last_limits_when_slurm_i
     assert cache.get() == {"od": two} and reads.calls == 3 and cache.known() == {"od": two}
 
 
+def test_a_read_that_hangs_holds_up_only_the_thread_that_reads() -> None:
+    """A controller that hangs keeps the one reading thread (to its query timeout); every other
+    submission goes on at once with the limits last read."""
+    import threading
+
+    now = [0.0]
+    one, two = PartitionInfo("od", max_time_s=3600), PartitionInfo("od", max_time_s=7200)
+    entered, go = threading.Event(), threading.Event()
+    answers = [[one], [two]]
+
+    def read() -> list[PartitionInfo]:
+        if len(answers) == 1:  # the second read hangs until let go
+            entered.set()
+            assert go.wait(10)
+        return answers.pop(0)
+
+    cache = PartitionCache(read, refresh_s=30, clock=lambda: now[0])
+    assert cache.get() == {"od": one}
+    now[0] = 31
+    reader = threading.Thread(target=cache.get)
+    reader.start()
+    assert entered.wait(10)
+    others = [cache.get() for _ in range(20)]  # while the read hangs: no wait, the last limits
+    assert others == [{"od": one}] * 20
+    go.set()
+    reader.join(10)
+    assert cache.get() == {"od": two} == cache.known()
+
+
 # -- the check --------------------------------------------------------------------------------------
 OD_1H = PartitionInfo("ondemand", max_time_s=3600, max_nodes=2, min_nodes=0)
 
